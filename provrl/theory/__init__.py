@@ -1,0 +1,1 @@
+"""Exact TRPO quantities on tabular MDPs and mixed-version importance sampling."""

@@ -1,0 +1,1 @@
+"""Trainers (RL on LLM policies; SFT) sharing the model forward with the engine."""

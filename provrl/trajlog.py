@@ -1,0 +1,293 @@
+"""Append-only, crash-safe trajectory log (one JSON object per line).
+
+Format (``docs/provenance.md`` has the full schema and the measurement behind the choice)::
+
+    {"crc":0123456789,"rec":{...trajectory...}}\\n
+
+* ``rec`` holds the per-trajectory metadata as plain JSON and the per-token columns as
+  base64 of their little-endian bytes (optionally zlib-compressed), so token ids, versions
+  and float32 logprobs round-trip bit-for-bit, NaNs included.
+* ``crc`` is the CRC-32 of the exact ``rec`` bytes. The prefix has a fixed width, so a
+  reader verifies a line without re-serialising it.
+* Every record is one ``write`` of one line, flushed (and ``fsync``-ed when ``durable``).
+  A process killed mid-write leaves at most one torn line at the end of the file; readers
+  skip it with a warning, and a writer reopening the file moves the torn bytes to a
+  ``.torn`` side file (nothing is thrown away) before appending.
+* A record in the middle of a file that fails its CRC or does not parse is corruption,
+  not a torn write: readers raise :class:`CorruptLogError` naming the file and line
+  (or, with ``strict=False``, skip it with a warning).
+"""
+
+from __future__ import annotations
+
+import base64
+import os
+import time
+import warnings
+import zlib
+from collections.abc import Iterable, Iterator
+from pathlib import Path
+from typing import Any, BinaryIO
+
+import numpy as np
+import orjson
+
+from provrl.provenance import (
+    TOKEN_COLUMNS,
+    Identity,
+    SamplingParams,
+    Segment,
+    ToolCall,
+    Trajectory,
+)
+
+FORMAT_VERSION = 1
+_PREFIX = b'{"crc":'
+_PREFIX_LEN = len(_PREFIX) + 10 + len(b',"rec":')
+
+
+class CorruptLogError(ValueError):
+    """A trajectory log line in the middle of a file is unreadable."""
+
+
+class TornRecordWarning(UserWarning):
+    """The last line of a log was cut short (a writer died mid-record); it was skipped."""
+
+
+# ------------------------------------------------------------------------- encoding
+def _encode_column(arr: np.ndarray, compress: bool) -> str:
+    raw = arr.tobytes()
+    if compress:
+        raw = zlib.compress(raw, 1)
+    return base64.b64encode(raw).decode("ascii")
+
+
+def _decode_column(s: str, dtype: np.dtype[Any], n: int, compressed: bool) -> np.ndarray:
+    raw = base64.b64decode(s)
+    if compressed:
+        raw = zlib.decompress(raw)
+    arr = np.frombuffer(raw, dtype=dtype)
+    if arr.shape[0] != n:
+        raise ValueError(f"column has {arr.shape[0]} entries, expected {n}")
+    return arr.copy()  # writable, owns its memory
+
+
+def trajectory_to_record(traj: Trajectory, compress: bool = True) -> dict[str, Any]:
+    """The JSON-able record for one trajectory (columns as base64 bytes)."""
+    return {
+        "format": FORMAT_VERSION,
+        "traj_id": traj.traj_id,
+        "task_id": traj.task_id,
+        "n": len(traj),
+        "z": compress,
+        "tokens": {name: _encode_column(getattr(traj, name), compress) for name in TOKEN_COLUMNS},
+        "segments": [[s.kind, s.start, s.end, s.turn] for s in traj.segments],
+        "tool_calls": [
+            {
+                "turn": c.turn,
+                "name": c.name,
+                "arguments": c.arguments,
+                "ok": c.ok,
+                "error": c.error,
+                "latency_s": c.latency_s,
+            }
+            for c in traj.tool_calls
+        ],
+        "reward": traj.reward,
+        "metrics": traj.metrics,
+        "timings": traj.timings,
+        "sampling": traj.sampling.to_dict(),
+        "policy": {
+            "name": traj.policy.name,
+            "fingerprint": traj.policy.fingerprint,
+            "config": traj.policy.config,
+        },
+        "tools": {
+            "name": traj.tools.name,
+            "fingerprint": traj.tools.fingerprint,
+            "config": traj.tools.config,
+        },
+        "meta": traj.meta,
+    }
+
+
+def record_to_trajectory(rec: dict[str, Any]) -> Trajectory:
+    if rec.get("format") != FORMAT_VERSION:
+        raise ValueError(f"unknown record format {rec.get('format')!r}")
+    n = int(rec["n"])
+    cols = {
+        name: _decode_column(rec["tokens"][name], dtype, n, bool(rec.get("z", False)))
+        for name, dtype in TOKEN_COLUMNS.items()
+    }
+    return Trajectory(
+        traj_id=rec["traj_id"],
+        task_id=rec["task_id"],
+        segments=[Segment(k, s, e, t) for k, s, e, t in rec["segments"]],
+        tool_calls=[ToolCall(**c) for c in rec["tool_calls"]],
+        reward=rec["reward"],
+        metrics=rec["metrics"],
+        timings=rec["timings"],
+        sampling=SamplingParams.from_dict(rec["sampling"]),
+        policy=Identity(**rec["policy"]),
+        tools=Identity(**rec["tools"]),
+        meta=rec["meta"],
+        **cols,
+    )
+
+
+def encode_line(traj: Trajectory, compress: bool = True) -> bytes:
+    """One complete log line (with trailing newline) for ``traj``."""
+    body = orjson.dumps(trajectory_to_record(traj, compress), option=orjson.OPT_SERIALIZE_NUMPY)
+    crc = zlib.crc32(body)
+    return b'%s%010d,"rec":%s}\n' % (_PREFIX, crc, body)
+
+
+def decode_line(line: bytes) -> Trajectory:
+    """Parse and CRC-check one line (without or with its newline)."""
+    line = line.rstrip(b"\n")
+    if not line.startswith(_PREFIX) or not line.endswith(b"}"):
+        raise ValueError("not a provrl trajectory record")
+    crc = int(line[len(_PREFIX) : len(_PREFIX) + 10])
+    body = line[_PREFIX_LEN:-1]
+    if zlib.crc32(body) != crc:
+        raise ValueError("CRC mismatch")
+    return record_to_trajectory(orjson.loads(body))
+
+
+# ------------------------------------------------------------------------- writing
+class TrajectoryWriter:
+    """Append trajectories to a log file; safe to kill at any moment.
+
+    Parameters
+    ----------
+    path: the ``.jsonl`` file (created with its parent directories).
+    durable: ``fsync`` after every record (survives power loss, not just process death).
+    compress: zlib-compress the per-token columns (level 1).
+    validate: check the provenance invariant before writing (recommended).
+    """
+
+    def __init__(
+        self,
+        path: str | os.PathLike[str],
+        *,
+        durable: bool = False,
+        compress: bool = True,
+        validate: bool = True,
+    ) -> None:
+        self.path = Path(path)
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        self.durable, self.compress, self.validate = durable, compress, validate
+        self._repair_torn_tail()
+        self._f: BinaryIO = open(self.path, "ab")  # noqa: SIM115 - closed in close()
+        self.records_written = 0
+
+    def _repair_torn_tail(self) -> None:
+        """If the file ends mid-record, move the torn bytes aside so appends stay aligned."""
+        if not self.path.exists() or self.path.stat().st_size == 0:
+            return
+        with open(self.path, "rb+") as f:
+            size = f.seek(0, os.SEEK_END)
+            f.seek(max(0, size - 1))
+            if f.read(1) == b"\n":
+                return
+            # find the start of the last line
+            block, pos = 1 << 16, size
+            start = 0
+            while pos > 0:
+                step = min(block, pos)
+                pos -= step
+                f.seek(pos)
+                chunk = f.read(step)
+                k = chunk.rfind(b"\n")
+                if k >= 0:
+                    start = pos + k + 1
+                    break
+            f.seek(start)
+            torn = f.read()
+            side = self.path.with_name(f"{self.path.name}.torn-{int(time.time() * 1e6)}")
+            side.write_bytes(torn)
+            f.truncate(start)
+        warnings.warn(
+            f"{self.path}: last record was torn ({len(torn)} bytes); moved to {side.name}",
+            TornRecordWarning,
+            stacklevel=3,
+        )
+
+    def write(self, traj: Trajectory) -> None:
+        if self.validate:
+            traj.validate()
+        self._f.write(encode_line(traj, self.compress))
+        self._f.flush()
+        if self.durable:
+            os.fsync(self._f.fileno())
+        self.records_written += 1
+
+    def write_many(self, trajs: Iterable[Trajectory]) -> None:
+        for t in trajs:
+            self.write(t)
+
+    def close(self) -> None:
+        if not self._f.closed:
+            self._f.flush()
+            self._f.close()
+
+    def __enter__(self) -> TrajectoryWriter:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+# ------------------------------------------------------------------------- reading
+def read_trajectories(
+    path: str | os.PathLike[str],
+    *,
+    strict: bool = True,
+    follow: bool = False,
+    poll_s: float = 0.05,
+    idle_timeout_s: float | None = None,
+) -> Iterator[Trajectory]:
+    """Stream trajectories from a log.
+
+    A torn final line (no newline) is skipped with a :class:`TornRecordWarning`. A bad line
+    followed by more data raises :class:`CorruptLogError` with the file and 1-based line
+    number (``strict=False``: warn and skip). With ``follow=True`` the reader tails the file
+    like ``tail -f`` (a partial last line is waited for) until ``idle_timeout_s`` passes
+    without new data (``None``: forever).
+    """
+    path = Path(path)
+    lineno = 0
+    with open(path, "rb") as f:
+        pending = b""
+        idle_since = time.monotonic()
+        while True:
+            line = f.readline()
+            if line:
+                idle_since = time.monotonic()
+            if line.endswith(b"\n"):
+                line, pending = pending + line, b""
+                lineno += 1
+                try:
+                    yield decode_line(line)
+                except (ValueError, KeyError, TypeError) as e:
+                    msg = f"{path}:{lineno}: unreadable trajectory record ({e})"
+                    if strict:
+                        raise CorruptLogError(msg) from e
+                    warnings.warn(msg, stacklevel=2)
+                continue
+            pending += line
+            if not follow:
+                if pending:
+                    warnings.warn(
+                        f"{path}:{lineno + 1}: torn last record ({len(pending)} bytes) skipped",
+                        TornRecordWarning,
+                        stacklevel=2,
+                    )
+                return
+            if idle_timeout_s is not None and time.monotonic() - idle_since > idle_timeout_s:
+                return
+            time.sleep(poll_s)
+
+
+def read_all(path: str | os.PathLike[str], *, strict: bool = True) -> list[Trajectory]:
+    return list(read_trajectories(path, strict=strict))
