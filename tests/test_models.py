@@ -1,0 +1,90 @@
+"""Model loading by name, chat ids, safetensors checkpoints, corrupt-file errors."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from provrl.models import (
+    CheckpointError,
+    chat_ids,
+    continuation_ids,
+    load_model,
+    load_state_dict,
+    save_checkpoint,
+    stop_token_ids,
+)
+from provrl.models.checkpoint import read_metadata
+
+
+def test_tiny_is_a_real_llama_with_the_smollm2_tokenizer(tiny):
+    assert tiny.model.config.model_type == "llama"
+    assert tiny.model.config.vocab_size == len(tiny.tokenizer) == 49152
+    ids = chat_ids(tiny.tokenizer, [{"role": "user", "content": "hello"}])
+    assert ids[-3:] == tiny.tokenizer.encode("<|im_start|>assistant\n")[-3:]
+    with torch.no_grad():
+        logits = tiny.model(torch.tensor([ids])).logits
+    assert logits.shape == (1, len(ids), 49152) and torch.isfinite(logits).all()
+
+
+def test_tiny_is_deterministic_given_seed():
+    a, b, c = load_model("tiny", seed=1), load_model("tiny", seed=1), load_model("tiny", seed=2)
+    wa, wb, wc = (m.model.model.layers[0].mlp.up_proj.weight for m in (a, b, c))
+    assert torch.equal(wa, wb) and not torch.equal(wa, wc)
+
+
+def test_chat_helpers(tokenizer):
+    assert 2 in stop_token_ids(tokenizer)  # <|im_end|>
+    ids = continuation_ids(tokenizer, "user", "<result>x</result>")
+    toks = tokenizer.convert_ids_to_tokens(ids)
+    assert toks[0] == "<|im_end|>" and toks[-3:] == ["ass", "istant", "Ċ"]
+
+
+def test_checkpoint_round_trip_is_loadable_by_transformers(tiny, tmp_path):
+    from transformers import AutoModelForCausalLM
+
+    path = save_checkpoint(tiny.model, tiny.tokenizer, tmp_path / "ckpt", version=3, step=10)
+    assert (path / "model.safetensors").exists() and read_metadata(path)["version"] == 3
+    hf = AutoModelForCausalLM.from_pretrained(path)
+    ours = load_model(str(path))
+    for m in (hf, ours.model):
+        for (k, v), (_, w) in zip(
+            tiny.model.state_dict().items(), m.state_dict().items(), strict=True
+        ):
+            assert torch.equal(v, w), k
+    assert ours.fingerprint.startswith("sha256:")
+
+
+def test_corrupt_checkpoint_names_the_file(tiny, tmp_path):
+    path = save_checkpoint(tiny.model, None, tmp_path / "ckpt")
+    weights = path / "model.safetensors"
+    weights.write_bytes(weights.read_bytes()[:1000])
+    with pytest.raises(CheckpointError, match=r"model\.safetensors: corrupt"):
+        load_model(str(path))
+    with pytest.raises(CheckpointError, match=r"model\.safetensors: corrupt"):
+        load_state_dict(weights)
+    with pytest.raises(FileNotFoundError, match="not a known name"):
+        load_model(str(tmp_path / "missing"))
+
+
+def test_pickles_are_loaded_weights_only(tmp_path):
+    class Evil:
+        def __reduce__(self):
+            return (print, ("pwned",))
+
+    p = tmp_path / "evil.pt"
+    torch.save({"w": Evil()}, p)
+    with pytest.raises(CheckpointError, match="weights-only"):
+        load_state_dict(p)
+    good = tmp_path / "good.pt"
+    torch.save({"w": torch.ones(2)}, good)
+    assert torch.equal(load_state_dict(good)["w"], torch.ones(2))
+
+
+@pytest.mark.slow
+def test_smollm2_loads_from_the_cache_and_answers():
+    lm = load_model("smollm2-135m")
+    assert sum(p.numel() for p in lm.model.parameters()) == pytest.approx(134.5e6, rel=0.01)
+    ids = chat_ids(lm.tokenizer, [{"role": "user", "content": "What is the capital of France?"}])
+    out = lm.model.generate(torch.tensor([ids]), max_new_tokens=8, do_sample=False)
+    assert "Paris" in lm.tokenizer.decode(out[0, len(ids) :])
