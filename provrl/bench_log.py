@@ -45,7 +45,7 @@ def synthetic_trajectory(rng: np.random.Generator, n_tokens: int, traj_id: str) 
     version = int(rng.integers(0, 50))
     left = n_tokens - prompt
     while left > 0:
-        n_act = int(min(left, rng.integers(20, 120)))
+        n_act = min(left, int(rng.integers(20, 120)))
         kept = np.where(rng.random(n_act) < 0.3, rng.random(n_act), 1.0)
         kept = np.clip(kept, 1e-3, 1.0)
         versions = version + (np.arange(n_act) >= n_act // 2) * int(rng.random() < 0.3)
@@ -60,7 +60,7 @@ def synthetic_trajectory(rng: np.random.Generator, n_tokens: int, traj_id: str) 
         )
         version = int(versions[-1])
         left -= n_act
-        n_obs = int(min(left, rng.integers(50, 200)))
+        n_obs = min(left, int(rng.integers(50, 200)))
         b.add_observation(rng.integers(0, 49152, n_obs))
         left -= n_obs
         b.next_turn()
@@ -84,8 +84,8 @@ def _lists_read(path: Path) -> Iterator[Trajectory]:
         for line in f:
             rec = orjson.loads(line)
             cols = {n: np.asarray(rec["tokens"][n], dtype=d) for n, d in TOKEN_COLUMNS.items()}
-            yield Trajectory(
-                traj_id=rec["traj_id"], task_id=rec["task_id"], reward=rec["reward"], **cols
+            yield Trajectory.from_columns(
+                rec["traj_id"], rec["task_id"], cols, reward=rec["reward"]
             )
 
 
@@ -117,8 +117,8 @@ def _arrow_read(path: Path) -> Iterator[Trajectory]:
                 n: batch.column(i).to_numpy(zero_copy_only=False)
                 for i, n in enumerate(TOKEN_COLUMNS)
             }
-            yield Trajectory(
-                traj_id=meta["traj_id"], task_id=meta["task_id"], reward=meta["reward"], **cols
+            yield Trajectory.from_columns(
+                meta["traj_id"], meta["task_id"], cols, reward=meta["reward"]
             )
 
 

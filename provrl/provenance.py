@@ -34,7 +34,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Literal
 
@@ -164,6 +164,17 @@ class Trajectory:
     tools: Identity = field(default_factory=lambda: Identity("none"))
     meta: dict[str, Any] = field(default_factory=dict)
     """Free-form extras (prompt text, answer text, …); never read by training code."""
+
+    @classmethod
+    def from_columns(
+        cls, traj_id: str, task_id: str, columns: Mapping[str, np.ndarray], **metadata: Any
+    ) -> Trajectory:
+        """Build from the per-token columns (a mapping with every name in TOKEN_COLUMNS)."""
+        missing = set(TOKEN_COLUMNS) - set(columns)
+        if missing:
+            raise ProvenanceError(f"trajectory {traj_id!r}: missing columns {sorted(missing)}")
+        cols: dict[str, Any] = {name: columns[name] for name in TOKEN_COLUMNS}
+        return cls(traj_id, task_id, **cols, **metadata)
 
     # ---------------------------------------------------------------- basic shape
     def __len__(self) -> int:
@@ -425,12 +436,12 @@ class TrajectoryBuilder:
             for name, chunks in self._chunks.items()
         }
         kwargs: dict[str, Any] = {**self.metadata, **overrides}
-        traj = Trajectory(
-            traj_id=self.traj_id,
-            task_id=self.task_id,
+        traj = Trajectory.from_columns(
+            self.traj_id,
+            self.task_id,
+            cols,
             segments=list(self.segments),
             tool_calls=list(self.tool_calls),
-            **cols,
             **kwargs,
         )
         return traj.validate() if validate else traj

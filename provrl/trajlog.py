@@ -119,9 +119,10 @@ def record_to_trajectory(rec: dict[str, Any]) -> Trajectory:
         name: _decode_column(rec["tokens"][name], dtype, n, bool(rec.get("z", False)))
         for name, dtype in TOKEN_COLUMNS.items()
     }
-    return Trajectory(
-        traj_id=rec["traj_id"],
-        task_id=rec["task_id"],
+    return Trajectory.from_columns(
+        rec["traj_id"],
+        rec["task_id"],
+        cols,
         segments=[Segment(k, s, e, t) for k, s, e, t in rec["segments"]],
         tool_calls=[ToolCall(**c) for c in rec["tool_calls"]],
         reward=rec["reward"],
@@ -131,7 +132,6 @@ def record_to_trajectory(rec: dict[str, Any]) -> Trajectory:
         policy=Identity(**rec["policy"]),
         tools=Identity(**rec["tools"]),
         meta=rec["meta"],
-        **cols,
     )
 
 
