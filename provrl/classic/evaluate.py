@@ -1,0 +1,36 @@
+"""Deterministic-policy evaluation on fresh, seeded environments.
+
+One protocol for every agent (provrl's and the peers' in benchmarks/): ``episodes``
+environments, environment i reset with seed ``seed + i``, each run for exactly one
+episode with ``act(raw_observations) -> actions``; the result is the undiscounted return
+of each episode.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import gymnasium as gym
+import numpy as np
+
+Act = Callable[[np.ndarray], np.ndarray]
+
+
+def run_episodes(act: Act, env_id: str, episodes: int = 10, seed: int = 10_000) -> np.ndarray:
+    """Undiscounted return of one episode in each of ``episodes`` seeded environments."""
+    envs = gym.make_vec(env_id, num_envs=episodes, vectorization_mode="sync")
+    try:
+        obs, _ = envs.reset(seed=seed)  # environment i gets seed + i
+        returns = np.zeros(episodes)
+        running = np.ones(episodes, dtype=bool)
+        while running.any():
+            action = act(obs)
+            if isinstance(envs.single_action_space, gym.spaces.Box):
+                space = envs.single_action_space
+                action = np.clip(action, space.low, space.high)
+            obs, reward, term, trunc, _ = envs.step(action)
+            returns += reward * running
+            running &= ~(term | trunc)
+        return returns
+    finally:
+        envs.close()
