@@ -1,0 +1,191 @@
+"""Policy losses: PPO clip ∘ correction, loss aggregation, KL penalty — NaN-safe.
+
+The per-token loss is (see :mod:`provrl.objectives.corrections` for r_t, c_t, M_t)
+
+.. math::
+
+    \\ell_t = -c_t\\,\\min\\big(r_t A_t,\\ \\operatorname{clip}(r_t, 1-\\epsilon_{low},
+    1+\\epsilon_{high})\\,A_t\\big) \\;+\\; \\beta\\,\\widehat{KL}_t(\\pi_\\theta\\|\\pi_{ref})
+
+and the batch loss is a weighted sum L = Σ_{b,t} ω_{bt} ℓ_{bt} with token weights ω from
+:func:`loss_token_weights`. Computing ω once for a whole minibatch and summing
+micro-batch losses gives exactly the minibatch loss (gradient accumulation is exact).
+
+Safety: ratios are exponentials of clamped log differences; tokens whose inputs are NaN or
+±inf are counted and removed from the mask *before* any arithmetic, so neither the loss nor
+the gradient ever sees them.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from provrl.objectives.config import LossAggregation, ObjectiveConfig
+from provrl.objectives.corrections import correct
+from provrl.objectives.kl import kl_estimate
+
+
+def loss_token_weights(
+    mask: torch.Tensor, mode: LossAggregation, *, norm_tokens: int | None = None
+) -> torch.Tensor:
+    """Token weights ω ``[B, T]`` (0 off the mask) of the three aggregations.
+
+    .. math::
+
+        \\text{token\\_mean:}\\quad \\omega_{bt} = \\frac{m_{bt}}{\\sum_{b',t'} m_{b't'}}
+        \\qquad
+        \\text{seq\\_mean\\_token\\_mean:}\\quad \\omega_{bt} = \\frac{m_{bt}}{N_{seq}\\,|\\tau_b|}
+        \\qquad
+        \\text{seq\\_sum\\_norm:}\\quad \\omega_{bt} = \\frac{m_{bt}}{B\\,L}
+
+    N_seq counts rows with at least one action token; L = ``norm_tokens`` is the Dr. GRPO
+    constant normaliser (it does not depend on the sampled lengths, so long and short
+    answers get the same per-token weight — no length bias)."""
+    m = mask.to(torch.float32)
+    if mode == "token_mean":
+        return m / m.sum().clamp_min(1.0)
+    if mode == "seq_mean_token_mean":
+        per_seq = m.sum(-1, keepdim=True)
+        n_seq = (per_seq > 0).sum().clamp_min(1)
+        return m / per_seq.clamp_min(1.0) / n_seq
+    if mode == "seq_sum_norm":
+        if norm_tokens is None or norm_tokens <= 0:
+            raise ValueError("seq_sum_norm aggregation needs a positive norm_tokens (L)")
+        return m / (mask.shape[0] * norm_tokens)
+    raise ValueError(f"unknown aggregation {mode!r}")
+
+
+def aggregate(values: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
+    """L = Σ ω_{bt} ℓ_{bt}, where entries with ω = 0 are ignored even if NaN/inf."""
+    keep = weights != 0
+    return torch.where(keep, values, torch.zeros_like(values)).mul(weights).sum()
+
+
+def aggregate_loss(
+    values: torch.Tensor,
+    mask: torch.Tensor,
+    mode: LossAggregation,
+    *,
+    norm_tokens: int | None = None,
+) -> torch.Tensor:
+    """``aggregate(values, loss_token_weights(mask, mode))`` for a whole batch at once."""
+    return aggregate(values, loss_token_weights(mask, mode, norm_tokens=norm_tokens))
+
+
+def clipped_surrogate(
+    ratio: torch.Tensor,
+    advantages: torch.Tensor,
+    eps_low: float | None,
+    eps_high: float | None,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """PPO's pessimistic surrogate (Schulman et al. 2017) and where the clip is active.
+
+    .. math:: o_t = \\min\\big(r_t A_t,\\ \\operatorname{clip}(r_t, 1-\\epsilon_{low},
+              1+\\epsilon_{high})\\,A_t\\big)
+
+    ``None`` for an ε removes that side of the clip. The second tensor marks tokens whose
+    gradient the clip zeroes (r_t > 1+ε_high with A_t > 0, or r_t < 1−ε_low with A_t < 0)."""
+    unclipped = ratio * advantages
+    if eps_low is None and eps_high is None:
+        return unclipped, torch.zeros_like(ratio, dtype=torch.bool)
+    lo = None if eps_low is None else 1.0 - eps_low
+    hi = None if eps_high is None else 1.0 + eps_high
+    clipped = ratio.clamp(min=lo, max=hi) * advantages
+    return torch.minimum(unclipped, clipped), clipped.detach() < unclipped.detach()
+
+
+@dataclass
+class LossOutput:
+    """The differentiable loss and what went into it (counts are over action tokens)."""
+
+    loss: torch.Tensor
+    """Scalar Σ ω ℓ: policy term + β · KL term."""
+    pg_loss: float
+    """Policy-gradient part of ``loss``."""
+    kl_loss: float
+    """KL part of ``loss`` before multiplying by β (0 when the penalty is off)."""
+    num_tokens: int
+    """Action tokens in the input mask."""
+    num_nonfinite: int
+    """Action tokens dropped because an input (logp, logprox, logq, A, ref) was NaN/inf."""
+    num_masked: int
+    """Finite action tokens the correction dropped (its M_t = 0)."""
+    num_clipped: int
+    """Kept tokens whose gradient the PPO clip zeroed."""
+    weight_sum: float
+    """Σ c_t over kept tokens (mean weight = weight_sum / kept)."""
+    weight_max: float
+    """max c_t over kept tokens."""
+
+
+def finite_mask(mask: torch.Tensor, *tensors: torch.Tensor | None) -> torch.Tensor:
+    """``mask`` with every token removed where one of ``tensors`` is NaN or ±inf."""
+    keep = mask.clone()
+    for t in tensors:
+        if t is not None:
+            keep &= torch.isfinite(t.detach())
+    return keep
+
+
+def policy_loss(
+    logp: torch.Tensor,
+    logprox: torch.Tensor,
+    logq: torch.Tensor,
+    advantages: torch.Tensor,
+    mask: torch.Tensor,
+    token_weights: torch.Tensor,
+    cfg: ObjectiveConfig,
+    *,
+    logp_ref: torch.Tensor | None = None,
+) -> LossOutput:
+    """The full per-token loss of the module docstring, aggregated with ``token_weights``.
+
+    ``advantages`` is per token ``[B, T]`` (a trajectory's A broadcast over its actions).
+    ``logp_ref`` (log π_ref, detached) is needed when ``cfg.kl_coef > 0``."""
+    if cfg.kl_coef > 0 and logp_ref is None:
+        raise ValueError("kl_coef > 0 needs logp_ref (reference-policy logprobs)")
+    ok = finite_mask(mask, logp, logprox, logq, advantages, logp_ref if cfg.kl_coef > 0 else None)
+    zeros = torch.zeros_like(logp)
+    # Sanitise before any arithmetic: where() with a NaN in the unselected branch would
+    # still poison the gradient of exp(), so the NaNs must never reach it.
+    logp_s = torch.where(ok, logp, zeros)
+    logprox_s = torch.where(ok, logprox.detach(), zeros)
+    logq_s = torch.where(ok, logq.detach(), zeros)
+    adv_s = torch.where(ok, advantages.detach(), zeros)
+
+    corr = correct(
+        cfg.correction,
+        logp_s,
+        logprox_s,
+        logq_s,
+        ok,
+        cap=cfg.is_cap,
+        low=cfg.mask_low,
+        high=cfg.mask_high,
+        clamp=cfg.log_ratio_clamp,
+    )
+    surrogate, clipped = clipped_surrogate(corr.ratio, adv_s, cfg.clip_eps_low, cfg.clip_eps_high)
+    pg = aggregate(-corr.weight * surrogate, torch.where(corr.mask, token_weights, 0.0))
+    loss = pg
+    kl_val = 0.0
+    if cfg.kl_coef > 0:
+        assert logp_ref is not None
+        ref_s = torch.where(ok, logp_ref.detach(), zeros)
+        kl_t = kl_estimate(logp_s, ref_s, cfg.kl_estimator, log_ratio_clamp=cfg.log_ratio_clamp)
+        kl = aggregate(kl_t, torch.where(ok, token_weights, 0.0))
+        loss = pg + cfg.kl_coef * kl
+        kl_val = float(kl.detach())
+    kept_w = corr.weight.detach()[corr.mask]
+    return LossOutput(
+        loss=loss,
+        pg_loss=float(pg.detach()),
+        kl_loss=kl_val,
+        num_tokens=int(mask.sum()),
+        num_nonfinite=int((mask & ~ok).sum()),
+        num_masked=int((ok & ~corr.mask).sum()),
+        num_clipped=int((clipped & corr.mask).sum()),
+        weight_sum=float(kept_w.sum()),
+        weight_max=float(kept_w.max()) if kept_w.numel() else 0.0,
+    )
