@@ -1,8 +1,266 @@
-"""`provrl theory …` — exact TRPO quantities on tabular MDPs (issue 6)."""
+"""`provrl theory …` — exact TRPO quantities on tabular MDPs (issue 6).
+
+Subcommands: ``bound`` (Theorem 1 on many exact cases), ``mm`` (Algorithm 1, average-KL TRPO,
+policy iteration), ``mixed`` (mixed-version importance sampling), ``filtering`` (probe-k
+retention), ``all`` (everything, optionally copying the figures into docs/img/). Each writes
+``<out>/<name>.json`` and ``<out>/theory_<name>.png``; ``--json`` prints the JSON only.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+from typing import Annotated, Any
 
 import typer
+from pydantic import ValidationError
 
 app = typer.Typer(
     help="Exact TRPO theory on tabular MDPs: bounds, MM iteration, mixed-version IS.",
     no_args_is_help=True,
 )
+
+OutOpt = Annotated[Path, typer.Option("--out", help="Directory for PNGs and JSON.")]
+JsonOpt = Annotated[bool, typer.Option("--json", help="Print the result as JSON only.")]
+DOCS_IMG = Path(__file__).resolve().parents[2] / "docs" / "img"
+
+
+def _floats(text: str, name: str) -> list[float]:
+    try:
+        return [float(x) for x in text.split(",") if x.strip()]
+    except ValueError:
+        raise typer.BadParameter(
+            f"{name}: expected comma-separated numbers, got {text!r}"
+        ) from None
+
+
+def _config(cls: Any, **kwargs: Any) -> Any:
+    try:
+        return cls(**kwargs)
+    except ValidationError as e:
+        msgs = "; ".join(f"--{'.'.join(map(str, x['loc']))}: {x['msg']}" for x in e.errors())
+        raise typer.BadParameter(msgs) from None
+
+
+def _emit(result: dict[str, Any], out: Path, name: str, as_json: bool) -> None:
+    out.mkdir(parents=True, exist_ok=True)
+    (out / f"{name}.json").write_text(json.dumps(result, indent=2))
+    if as_json:
+        typer.echo(json.dumps(result))
+
+
+@app.command("bound")
+def bound(
+    mdps: Annotated[int, typer.Option(help="Number of MDPs to sample.")] = 1000,
+    pairs_per_family: Annotated[int, typer.Option(help="Pairs per MDP and family.")] = 2,
+    search_steps: Annotated[int, typer.Option(help="Adversarial search steps per MDP.")] = 30,
+    seed: Annotated[int, typer.Option(help="Sampler seed.")] = 0,
+    out: OutOpt = Path("runs/theory"),
+    as_json: JsonOpt = False,
+    progress: Annotated[bool, typer.Option(help="Show a progress bar on stderr.")] = True,
+) -> None:
+    """Check J(π')−J(π) = Σ ρ_π' Ā (to 1e-9) and both TRPO bounds on random and adversarial
+    policy pairs; report violations, tightness quantiles and the gap-vs-α plot."""
+    from provrl.theory.bound_check import check_bounds
+    from provrl.theory.config import BoundCheckConfig
+    from provrl.theory.plots import plot_bound
+
+    cfg = _config(
+        BoundCheckConfig,
+        mdps=mdps,
+        pairs_per_family=pairs_per_family,
+        search_steps=search_steps,
+        seed=seed,
+    )
+    res = check_bounds(cfg, progress=progress)
+    res.summary["plot"] = str(plot_bound(res, out / "theory_bound.png"))
+    _emit(res.summary, out, "bound", as_json)
+    if not as_json:
+        s = res.summary
+        typer.echo(f"violations: {s['violations']}  {s['violations_by_check']}")
+        typer.echo(f"pairs: {s['pairs']} on {s['mdps']} MDPs in {s['runtime_s']} s")
+        typer.echo(f"identity max |error|: {s['identity_max_abs_error']:.3g}")
+        for k, q in s["tightness"].items():
+            typer.echo(f"tightness {k:9s} " + "  ".join(f"{a}={b:.3g}" for a, b in q.items()))
+        typer.echo(f"misreadings (not bounds): {s['misreading_violations']}")
+        typer.echo(f"plot: {s['plot']}")
+    if res.summary["violations"]:
+        raise typer.Exit(1)
+
+
+@app.command("mm")
+def mm(
+    mdp: Annotated[str, typer.Option(help="gridworld, chain, random or random_sparse.")] = (
+        "gridworld"
+    ),
+    states: Annotated[int, typer.Option(help="Number of states.")] = 16,
+    actions: Annotated[int, typer.Option(help="Actions (random MDPs).")] = 4,
+    gamma: Annotated[float, typer.Option(help="Discount γ.")] = 0.9,
+    iters: Annotated[int, typer.Option(help="Iterations per method.")] = 40,
+    deltas: Annotated[str, typer.Option(help="Average-KL step sizes δ.")] = "0.001,0.01,0.1,1",
+    c_scales: Annotated[str, typer.Option(help="Algorithm 1 penalty scales c (c·C).")] = "1,0.5",
+    seed: Annotated[int, typer.Option(help="Seed of a random MDP.")] = 0,
+    out: OutOpt = Path("runs/theory"),
+    as_json: JsonOpt = False,
+) -> None:
+    """Exact Algorithm 1 (max L − C·D_KL^max), average-KL TRPO for several δ and policy
+    iteration (δ → ∞) from the uniform policy; plot J over iterations."""
+    from provrl.report.metrics import MetricsWriter
+    from provrl.theory.config import MMConfig
+    from provrl.theory.mm import make_mdp, mm_report
+    from provrl.theory.plots import plot_mm
+
+    cfg = _config(
+        MMConfig,
+        mdp=mdp,
+        states=states,
+        actions=actions,
+        gamma=gamma,
+        iters=iters,
+        deltas=_floats(deltas, "--deltas"),
+        c_scales=_floats(c_scales, "--c-scales"),
+        seed=seed,
+    )
+    try:
+        m = make_mdp(cfg.mdp, cfg.states, cfg.actions, cfg.gamma, cfg.seed)
+    except ValueError as e:
+        raise typer.BadParameter(str(e)) from None
+    summary, traces, J_star = mm_report(m, cfg.iters, cfg.deltas, cfg.c_scales)
+    writer = MetricsWriter(out / "mm", tensorboard=False)
+    for i in range(cfg.iters + 1):
+        writer.log(i, {tr.method: tr.J[i] for tr in traces}, prefix="J")
+    writer.close()
+    summary["plot"] = str(
+        plot_mm(traces, J_star, f"{m.name}, γ = {m.gamma:g}", out / "theory_mm.png")
+    )
+    summary["config"] = cfg.model_dump()
+    _emit(summary, out, "mm", as_json)
+    if not as_json:
+        typer.echo(f"{m.name} γ={m.gamma:g}  J* = {J_star:.6g}  J(π₀) = {summary['J_initial']:.6g}")
+        for r in summary["runs"]:
+            typer.echo(
+                f"  {r['method']:22s} J_final={r['J_final']:.6g}  gap={r['gap_to_optimum']:.3g}  "
+                f"monotone={r['monotone']}  min ΔJ={r['min_improvement']:.3g}"
+            )
+        typer.echo(f"plot: {summary['plot']}")
+
+
+@app.command("mixed")
+def mixed(
+    vocab: Annotated[int, typer.Option(help="Vocabulary size V.")] = 4,
+    length: Annotated[int, typer.Option(help="Tokens per trajectory T.")] = 6,
+    eta: Annotated[float, typer.Option(help="Policy change between versions.")] = 1.0,
+    target_version: Annotated[int, typer.Option(help="Version of π_θ (1 = newest sampler).")] = 1,
+    top_p: Annotated[float, typer.Option(help="Behaviour top-p of the truncation example.")] = 0.9,
+    kv_mix: Annotated[float, typer.Option(help="Stale-KV blend after the switch.")] = 0.3,
+    seed: Annotated[int, typer.Option(help="Seed of the sequence model.")] = 0,
+    out: OutOpt = Path("runs/theory"),
+    as_json: JsonOpt = False,
+) -> None:
+    """Exact IS with a mid-trajectory version switch: per-token provenance is unbiased;
+    latest/earliest attribution and top-p truncation are not (by how much)."""
+    from provrl.theory.config import MixedConfig
+    from provrl.theory.mixed import mixed_version_report
+    from provrl.theory.plots import plot_mixed
+
+    cfg = _config(
+        MixedConfig,
+        vocab=vocab,
+        length=length,
+        eta=eta,
+        target_version=target_version,
+        top_p=top_p,
+        kv_mix=kv_mix,
+        seed=seed,
+    )
+    try:
+        rep = mixed_version_report(
+            vocab=cfg.vocab,
+            length=cfg.length,
+            eta=cfg.eta,
+            eta_grid=tuple(cfg.eta_grid),
+            target_version=cfg.target_version,
+            top_p=cfg.top_p,
+            kv_mix=cfg.kv_mix,
+            seed=cfg.seed,
+        )
+    except ValueError as e:
+        raise typer.BadParameter(str(e)) from None
+    rep["plot"] = str(plot_mixed(rep, out / "theory_mixed.png"))
+    _emit(rep, out, "mixed", as_json)
+    if not as_json:
+        typer.echo(
+            f"E_πθ[f] = {rep['E_pi_f']:.6g}  (trajectory KL new‖old = "
+            f"{rep['trajectory_kl_new_old']:.3g} nats)"
+        )
+        for k, v in rep["averaged_over_switch"].items():
+            typer.echo(
+                f"  {k:9s} bias={v['bias']:+.4g}  relative={v['relative_bias']:+.3%}  "
+                f"std={v['std_single_trajectory']:.3g}"
+            )
+        kv = rep["stale_kv"]
+        typer.echo(
+            f"stale KV (mix {kv['kv_mix']:g}): recorded logprob bias="
+            f"{kv['bias_recorded_logprob']:+.3g}, recomputed-from-label bias="
+            f"{kv['bias_version_label_recomputed']:+.4g}"
+        )
+        tp = rep["top_p"]
+        typer.echo(
+            f"top-p {tp['top_p']:g}: exact-weight bias={tp['bias_exact_weights']:+.4g} "
+            f"missing π mass M={tp['missing_mass']:.4g} (1−E[w]={tp['missing_mass_from_mean_weight']:.4g})"
+        )
+        typer.echo(f"plot: {rep['plot']}")
+
+
+@app.command("filtering")
+def filtering(
+    ks: Annotated[str, typer.Option(help="Probe counts k.")] = "4,8,16",
+    a: Annotated[float, typer.Option(help="Beta prior a.")] = 1.0,
+    b: Annotated[float, typer.Option(help="Beta prior b.")] = 1.0,
+    mc_samples: Annotated[int, typer.Option(help="Monte-Carlo samples.")] = 200_000,
+    seed: Annotated[int, typer.Option(help="Monte-Carlo seed.")] = 0,
+    out: OutOpt = Path("runs/theory"),
+    as_json: JsonOpt = False,
+) -> None:
+    """Pr(0 < K < k | p) = 1 − p^k − (1−p)^k and its Beta(a, b) expectation (closed form via
+    Beta functions), checked by Monte-Carlo; plot for each k."""
+    from provrl.theory.config import FilteringConfig
+    from provrl.theory.filtering import filtering_report
+    from provrl.theory.plots import plot_filtering
+
+    k_list = [int(k) for k in _floats(ks, "--ks")]
+    cfg = _config(FilteringConfig, ks=k_list, a=a, b=b, mc_samples=mc_samples, seed=seed)
+    try:
+        rep = filtering_report(cfg.ks, cfg.a, cfg.b, cfg.mc_samples, cfg.seed)
+    except ValueError as e:
+        raise typer.BadParameter(str(e)) from None
+    rep["plot"] = str(plot_filtering(cfg.ks, cfg.a, cfg.b, out / "theory_filtering.png"))
+    _emit(rep, out, "filtering", as_json)
+    if not as_json:
+        rows: dict[str, Any] = rep["k"]  # type: ignore[assignment]
+        for k, r in rows.items():
+            typer.echo(
+                f"k={k:>3}: max keep {r['max_keep_probability_at_p_half']:.6g} (p=½); "
+                f"E_Beta({cfg.a:g},{cfg.b:g}) keep = {r['expected_keep_probability_beta']:.5f}"
+                f" (MC {r['monte_carlo']:.5f} ± {r['monte_carlo_se']:.1g})"
+            )
+        typer.echo(f"plot: {rep['plot']}")
+
+
+@app.command("all")
+def all_figures(
+    out: OutOpt = Path("runs/theory"),
+    mdps: Annotated[int, typer.Option(help="MDPs of the bound check.")] = 1000,
+    docs: Annotated[bool, typer.Option(help="Copy the PNGs into docs/img/.")] = False,
+) -> None:
+    """Run bound, mm, mixed and filtering with their defaults (the figures of docs/theory.md)."""
+    bound(mdps=mdps, out=out, as_json=False, progress=True)
+    mm(out=out)
+    mixed(out=out)
+    filtering(out=out)
+    if docs:
+        DOCS_IMG.mkdir(parents=True, exist_ok=True)
+        for name in ("bound", "mm", "mixed", "filtering"):
+            shutil.copy(out / f"theory_{name}.png", DOCS_IMG / f"theory_{name}.png")
+        typer.echo(f"copied 4 figures to {DOCS_IMG}")
