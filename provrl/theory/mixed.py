@@ -290,6 +290,7 @@ def mixed_version_report(
     versions = Versions.random(model, seed)
     f = reward_share(model)
     main = attribution_biases(model, versions, f, eta, target_version=target_version)
+    ahead = attribution_biases(model, versions, f, eta, target_version=target_version + 1)
     by_eta: dict[str, list[float]] = {k: [] for k in ESTIMATORS}
     kl_eta = []
     curves = {}
@@ -342,6 +343,11 @@ def mixed_version_report(
                 ),
             }
             for k in ESTIMATORS
+        },
+        "averaged_over_switch_target_one_version_ahead": {
+            "target_version": target_version + 1,
+            "E_pi_f": ahead["truth"],
+            **{k: float(ahead["bias"][k].mean()) for k in ESTIMATORS},
         },
         "by_policy_change": {
             "eta": list(eta_grid),

@@ -2,8 +2,8 @@
 average-KL trust region with step size δ, and policy iteration (δ → ∞).
 
 All three maximise the surrogate over the policy simplex at every state; they differ only in
-how the step is limited. With ``p = π(·|s)`` (full support) and a score vector ``b ∈ R^A``, the
-per-state problem
+how the step is limited. With ``p = π(·|s)`` and a score vector ``b ∈ R^A``, the per-state
+problem
 
     max_{q ∈ Δ_A}  ⟨q, b⟩ − λ·D_KL(p ‖ q)                                   (KL-tilt)
 
@@ -17,7 +17,8 @@ g_a = (max b − b_a)/Δ ∈ [0, 1], the solution family is q_a(x) ∝ p_a/(x + 
     λ(x) = Δ / Z(x),  Z(x) = Σ_a p_a/(x + g_a),   D_KL(p ‖ q(x)) = Σ_a p_a log(Z(x)(x + g_a)),
 
 λ(x) increasing and D_KL(x) decreasing in x (x → ∞: q → p; x → 0: q → greedy). Every solver below
-finds x per state by vectorised bisection in log x, then one scalar by Brent's method.
+finds x per state by vectorised bisection in log x, then one scalar by Brent's method. Actions
+with p_a = 0 are handled exactly by :class:`Tilt` (they cost no KL; see its docstring).
 """
 
 from __future__ import annotations
@@ -182,7 +183,8 @@ def mm_step(
     t = float(np.exp(log_t))
     q = tilt.policy(tilt.solve_x("kl", np.full(pi.shape[0], t)))
     kl = kl_divergence(pi, q)
-    return q, StepInfo(t=t, lam=float(C), kl_max=float(kl.max()), kl_mean=float(kl.mean()))
+    d = rho / rho.sum()  # = (1 − γ)ρ_π, the state distribution of the average KL
+    return q, StepInfo(t=t, lam=float(C), kl_max=float(kl.max()), kl_mean=float(d @ kl))
 
 
 def trpo_step(
@@ -359,9 +361,7 @@ def mm_report(
                 "gap_to_optimum": J_star - r.J[-1],
                 "min_improvement": float(np.min(np.diff(r.J))),
                 "monotone": bool(np.all(np.diff(r.J) >= -1e-10 * max(1.0, abs(J_star)))),
-                "J": r.J,
-                "kl_max": r.kl_max,
-                "kl_mean": r.kl_mean,
+                **r.as_dict(),
             }
             for r in runs
         ],

@@ -137,7 +137,8 @@ def plot_mixed(report: dict[str, Any], path: Path) -> Path:
     ax.set_yscale("symlog", linthresh=1e-3)
     ax.set_xlabel("policy change: D_KL(q_new ‖ q_old) per trajectory (nats)")
     ax.set_ylabel("bias, averaged over κ")
-    ax.set_title("bias vs policy change (η)")
+    same = np.allclose(pc["bias_latest"], pc["bias_none"], atol=1e-12)
+    ax.set_title("bias vs policy change" + (" (π_θ = v_new: latest ≡ none)" if same else ""))
     ax.legend(fontsize=8)
     ax = axes[2]
     sweep = report["top_p_sweep"]
