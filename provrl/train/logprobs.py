@@ -6,6 +6,7 @@ must match it exactly when no weights changed and sampling is untruncated at T =
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -32,3 +33,135 @@ def token_logprobs(
     logp = torch.log_softmax(logits, dim=-1)
     picked = logp.gather(-1, input_ids[:, 1:, None]).squeeze(-1)
     return torch.nn.functional.pad(picked, (1, 0), value=0.0)
+
+
+# --------------------------------------------------------------------------- chunked version
+@dataclass
+class TokenStats:
+    """Teacher-forced per-token quantities at the requested positions (0 elsewhere)."""
+
+    logprobs: torch.Tensor
+    """``[B, T]`` log π_θ(x_t | x_<t) (differentiable when computed with grad)."""
+    entropy: torch.Tensor | None = None
+    """``[B, T]`` entropy H(π_θ(· | x_<t)) in nats (detached), when requested."""
+    excluded_mass: torch.Tensor | None = None
+    """``[B, T]`` π_θ mass a top-k/top-p sampler would exclude (detached), when requested
+    (see :func:`provrl.objectives.diagnostics.support_excluded_mass`)."""
+
+
+def head_logits(model: Any, hidden: torch.Tensor) -> torch.Tensor:
+    """Logits (float32) from final hidden states, as the causal-LM head computes them:
+    ``lm_head(h)``, soft-capped when the config says so (Gemma 2)."""
+    logits = model.get_output_embeddings()(hidden).float()
+    cap = getattr(model.config, "final_logit_softcapping", None)
+    if cap:
+        logits = cap * torch.tanh(logits / cap)
+    return logits
+
+
+def hidden_before(
+    model: Any, input_ids: torch.Tensor, attention_mask: torch.Tensor, positions: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Final hidden states that predict the tokens at ``positions``: ``h[i] = hidden[b, t−1]``
+    for the i-th (b, t) of ``positions.nonzero()``. Returns ``(h [N, H], rows, cols)``."""
+    hidden = model.base_model(
+        input_ids=input_ids, attention_mask=attention_mask.long(), use_cache=False
+    ).last_hidden_state
+    rows, cols = positions.nonzero(as_tuple=True)
+    return hidden[rows, cols - 1], rows, cols
+
+
+def _chunk_logprobs(
+    model: Any, hidden: torch.Tensor, targets: torch.Tensor, temperature: torch.Tensor
+) -> torch.Tensor:
+    """log softmax(head(h)/τ)[y] = z_y − logsumexp(z) for one chunk of positions ``[N, H]``."""
+    z = head_logits(model, hidden) / temperature[:, None]
+    return z.gather(-1, targets[:, None]).squeeze(-1) - torch.logsumexp(z, dim=-1)
+
+
+def token_logprobs_chunked(
+    model: Any,
+    input_ids: torch.Tensor,
+    attention_mask: torch.Tensor | None = None,
+    *,
+    positions: torch.Tensor | None = None,
+    temperature: torch.Tensor | float = 1.0,
+    chunk_tokens: int = 1024,
+    with_entropy: bool = False,
+    top_p: torch.Tensor | float | None = None,
+    top_k: torch.Tensor | int | None = None,
+) -> TokenStats:
+    """Same values as :func:`token_logprobs`, without ever materialising ``[B, T, V]``.
+
+    The decoder runs once to give final hidden states h ``[B, T, H]``; the LM head and the
+    log-softmax then run on chunks of ``chunk_tokens`` positions, and only at
+    ``positions`` (a ``[B, T]`` bool mask, default every real token after the first —
+    pass the action mask to skip prompt and tool tokens entirely):
+
+    .. math:: \\log\\pi_\\theta(x_t|x_{<t}) = z_{t-1}[x_t] - \\log\\textstyle\\sum_v e^{z_{t-1}[v]},
+              \\quad z_{t-1} = W_{head}\\, h_{t-1} / \\tau
+
+    With grad enabled each chunk is activation-checkpointed, so backward recomputes its
+    logits instead of storing them: peak memory is O(chunk_tokens · V), not O(B·T·V).
+    ``temperature`` may be a per-row ``[B]`` tensor. ``top_p``/``top_k`` (per row or scalar)
+    turn on ``excluded_mass``; ``with_entropy`` turns on ``entropy`` (both need no grad).
+
+    Supports causal LMs whose logits are ``lm_head(decoder(x))`` (optionally soft-capped):
+    Llama, Qwen, Mistral, Gemma, SmolLM, …
+    """
+    from torch.utils.checkpoint import checkpoint
+
+    from provrl.objectives.diagnostics import support_excluded_mass
+
+    B, T = input_ids.shape
+    if attention_mask is None:
+        attention_mask = torch.ones_like(input_ids, dtype=torch.bool)
+    attention_mask = attention_mask.bool()
+    if positions is None:
+        positions = attention_mask.clone()
+        positions[:, 0] = False
+    positions = positions.bool() & attention_mask
+    if bool(positions[:, 0].any()):
+        raise ValueError("position 0 has no context: its logprob is undefined")
+    temp = torch.as_tensor(temperature, dtype=torch.float32, device=input_ids.device)
+    temp = temp.expand(B) if temp.ndim == 0 else temp
+    if temp.shape != (B,) or bool((temp <= 0).any()):
+        raise ValueError(f"temperature must be > 0, scalar or one per row ({B}), got {temp}")
+
+    h, rows, cols = hidden_before(model, input_ids, attention_mask, positions)
+    y = input_ids[rows, cols]
+    t_rows = temp[rows]
+    want_support = top_p is not None or top_k is not None
+    if want_support:
+        tp = torch.as_tensor(1.0 if top_p is None else top_p, dtype=torch.float64)
+        tk = torch.as_tensor(0 if top_k is None else top_k, dtype=torch.int64)
+        tp_rows = tp.expand(B)[rows] if tp.ndim <= 1 else tp[rows, cols]
+        tk_rows = tk.expand(B)[rows] if tk.ndim <= 1 else tk[rows, cols]
+
+    pieces, ent, exc = [], [], []
+    for s in range(0, h.shape[0], chunk_tokens):
+        sl = slice(s, s + chunk_tokens)
+        if torch.is_grad_enabled():
+            lp = checkpoint(_chunk_logprobs, model, h[sl], y[sl], t_rows[sl], use_reentrant=False)
+        else:
+            lp = _chunk_logprobs(model, h[sl], y[sl], t_rows[sl])
+        pieces.append(lp)
+        if with_entropy or want_support:
+            with torch.no_grad():
+                z = head_logits(model, h[sl].detach()) / t_rows[sl, None]
+                if with_entropy:
+                    logp_all = torch.log_softmax(z, dim=-1)
+                    ent.append(-(logp_all.exp() * logp_all).sum(-1))
+                if want_support:
+                    exc.append(support_excluded_mass(z, tp_rows[sl], tk_rows[sl]).float())
+
+    def scatter(values: list[torch.Tensor]) -> torch.Tensor:
+        flat = torch.cat(values) if values else h.new_zeros(0, dtype=torch.float32)
+        out = torch.zeros(B, T, dtype=flat.dtype, device=flat.device)
+        return out.index_put((rows, cols), flat)
+
+    return TokenStats(
+        logprobs=scatter(pieces),
+        entropy=scatter(ent) if with_entropy else None,
+        excluded_mass=scatter(exc) if want_support else None,
+    )

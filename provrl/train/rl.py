@@ -1,0 +1,522 @@
+"""The LLM RL trainer: provenance trajectories in, new weights and a version out.
+
+One :meth:`RLTrainer.step` reads top to bottom:
+
+1. **batch** — validate the trajectories, group them by task, compute one advantage per
+   trajectory (GRPO / Dr. GRPO / RLOO, :mod:`provrl.objectives.advantages`), pad them into a
+   :class:`~provrl.provenance.TrajectoryBatch` and broadcast A_i over trajectory i's action
+   tokens. Prompt and tool tokens are context only.
+2. **proximal pass** (no grad) — teacher-forced log π_prox(a_t|h_t) with the weights as they
+   are now (logprob[t] belongs to token t and uses the logits at t−1), at each trajectory's
+   sampling temperature; also π_θ's entropy, its mass outside the behaviour support,
+   log π_ref for the KL penalty, and (TRPO) the full log-softmax at action positions.
+3. **diagnostics** — KL(q‖π_θ), TV, ratio quantiles, ESS of w(τ), truncation, version lag
+   (:mod:`provrl.objectives.diagnostics`), all against the *recorded* behaviour logprobs.
+4. **update** — AdamW: ``epochs`` × ``minibatches`` optimizer steps, each accumulating the
+   exact minibatch loss over micro-batches (token weights ω are computed per minibatch), with
+   gradient clipping and non-finite-gradient skipping. TRPO: one
+   :func:`provrl.objectives.trpo.trpo_step` on the token surrogate.
+5. **publish** — ``version += 1``; metrics go to the :class:`~provrl.report.MetricsWriter`;
+   the caller gets :class:`StepResult` ``(version, state_dict, metrics)`` to hot-load into
+   engines with ``engine.load_weights(result.state_dict, result.version, mode)``.
+
+The model stays in eval mode (no dropout): π_θ must be the policy the engine samples.
+"""
+
+from __future__ import annotations
+
+import copy
+import math
+import time
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import torch
+
+from provrl.objectives import advantages as adv_fns
+from provrl.objectives import diagnostics as diag
+from provrl.objectives.config import AdvantageConfig, ObjectiveConfig
+from provrl.objectives.losses import LossOutput, loss_token_weights, policy_loss
+from provrl.objectives.trpo import TRPOStepInfo, subsample_index, trpo_step
+from provrl.provenance import ProvenanceError, Trajectory, TrajectoryBatch
+from provrl.report.metrics import MetricsWriter
+from provrl.train.config import RLConfig
+from provrl.train.logprobs import head_logits, hidden_before, token_logprobs_chunked
+
+
+# ============================================================================ 1. batch
+@dataclass
+class RLBatch:
+    """A padded batch with everything the loss needs per trajectory and per token."""
+
+    tb: TrajectoryBatch
+    advantages: torch.Tensor  # [B] one advantage per trajectory
+    token_advantages: torch.Tensor  # [B, T] A_i on trajectory i's action tokens, else 0
+    group_ids: torch.Tensor  # [B] dense task index
+    temperature: torch.Tensor  # [B] sampling temperature (1.0 for greedy rows)
+    top_p: torch.Tensor  # [B] float64 sampling top_p
+    top_k: torch.Tensor  # [B] int64 sampling top_k (0 = off)
+    kv_stale_frac: float  # action tokens that attended to KV older than their version
+    traj_ids: list[str] = field(default_factory=list)
+
+    @property
+    def size(self) -> int:
+        return int(self.tb.input_ids.shape[0])
+
+    @property
+    def mask(self) -> torch.Tensor:
+        return self.tb.action_mask
+
+
+def compute_advantages(
+    rewards: torch.Tensor, group_ids: torch.Tensor, cfg: AdvantageConfig
+) -> torch.Tensor:
+    """One advantage per trajectory, as configured (group baseline, then batch norm)."""
+    if cfg.estimator == "rloo":
+        a = adv_fns.rloo_advantages(rewards, group_ids)
+    else:
+        a = adv_fns.group_advantages(
+            rewards, group_ids, std_normalise=cfg.std_normalise, eps=cfg.eps
+        )
+    if cfg.batch_norm != "none":
+        a = adv_fns.batch_normalise(a, center=cfg.batch_norm == "whiten", eps=cfg.eps)
+    return a
+
+
+def prepare_batch(
+    trajectories: Sequence[Trajectory],
+    *,
+    pad_token_id: int,
+    vocab_size: int,
+    cfg: AdvantageConfig,
+) -> tuple[RLBatch, dict[str, float]]:
+    """Validate, group by ``task_id``, compute advantages, pad. Returns the batch and its
+    reward / advantage metrics. Errors name the offending trajectory."""
+    if not trajectories:
+        raise ValueError("RL step needs at least one trajectory")
+    for t in trajectories:
+        t.validate()
+        where = f"trajectory {t.traj_id!r} (task {t.task_id!r})"
+        if t.reward is None or not math.isfinite(t.reward):
+            raise ProvenanceError(f"{where}: has no finite reward ({t.reward!r})")
+        if len(t) and int(t.token_id.max()) >= vocab_size:
+            i = int(np.flatnonzero(t.token_id >= vocab_size)[0])
+            raise ProvenanceError(f"{where}: token {i}: id {t.token_id[i]} ≥ vocab {vocab_size}")
+        if len(t) and bool(t.is_action[0]):
+            raise ProvenanceError(f"{where}: token 0 is an action but has no context")
+    tb = TrajectoryBatch.from_trajectories(trajectories, pad_token_id)
+    if not bool(tb.action_mask.any()):
+        raise ValueError("RL step: the batch has no action tokens")
+    tasks: dict[str, int] = {}
+    group_ids = torch.tensor([tasks.setdefault(t.task_id, len(tasks)) for t in trajectories])
+    rewards = tb.rewards.double()
+    a = compute_advantages(rewards, group_ids, cfg).float()
+    temps = [t.sampling.temperature if t.sampling.temperature > 0 else 1.0 for t in trajectories]
+    stale = sum(int((t.kv_min[t.is_action] < t.version[t.is_action]).sum()) for t in trajectories)
+    batch = RLBatch(
+        tb=tb,
+        advantages=a,
+        token_advantages=a[:, None] * tb.action_mask,
+        group_ids=group_ids,
+        temperature=torch.tensor(temps, dtype=torch.float32),
+        top_p=torch.tensor([t.sampling.top_p for t in trajectories], dtype=torch.float64),
+        top_k=torch.tensor([t.sampling.top_k for t in trajectories], dtype=torch.int64),
+        kv_stale_frac=stale / max(1, int(tb.action_mask.sum())),
+        traj_ids=[t.traj_id for t in trajectories],
+    )
+    metrics = {
+        "reward_mean": float(rewards.mean()),
+        "reward_std": float(rewards.std()) if len(trajectories) > 1 else 0.0,
+        "adv_mean": float(a.mean()),
+        "adv_abs_mean": float(a.abs().mean()),
+        **adv_fns.zero_signal_fraction(rewards, group_ids),
+    }
+    return batch, metrics
+
+
+def micro_batches(rows: torch.Tensor, lengths: torch.Tensor, size: int) -> list[torch.Tensor]:
+    """Split ``rows`` into groups of ≤ ``size`` rows of similar length (less padding); each
+    group is returned in ascending row order."""
+    order = rows[torch.argsort(lengths[rows], stable=True)]
+    return [chunk.sort().values for chunk in order.split(size)]
+
+
+def _cut(x: torch.Tensor, rows: torch.Tensor, length: int) -> torch.Tensor:
+    return x[rows, :length]
+
+
+# ============================================================================ 2. proximal pass
+@dataclass
+class Proximal:
+    """What the weights *before* the update say about the batch (all detached)."""
+
+    logprobs: torch.Tensor  # [B, T] log π_prox(a_t|h_t) on action tokens
+    entropy: torch.Tensor | None  # [B, T] H(π_prox(·|h_t)) on action tokens
+    excluded_mass: torch.Tensor | None  # [B, T] π_prox mass outside the sampler's support
+    ref_logprobs: torch.Tensor | None  # [B, T] log π_ref (KL penalty)
+    log_softmax: torch.Tensor | None  # [N_act, V] full log π_prox at action positions (TRPO)
+
+
+# ============================================================================ the trainer
+@dataclass
+class StepResult:
+    """What one RL step hands back to the orchestrator."""
+
+    version: int
+    """The version number of the new weights (the old one + 1)."""
+    state_dict: dict[str, torch.Tensor]
+    """Detached CPU copies of the new weights: ``engine.load_weights(state_dict, version)``."""
+    metrics: dict[str, float]
+    """Everything logged for this step (also written to the metrics sink)."""
+
+
+class RLTrainer:
+    """GRPO / PPO-style / TRPO updates of a causal LM from provenance trajectories.
+
+    >>> trainer = RLTrainer(lm.model, RLConfig(), pad_token_id=lm.tokenizer.pad_token_id)
+    >>> result = trainer.step(trajectories)            # doctest: +SKIP
+    >>> engine.load_weights(result.state_dict, result.version, "keep")  # doctest: +SKIP
+    """
+
+    def __init__(
+        self,
+        model: Any,
+        cfg: RLConfig,
+        *,
+        pad_token_id: int,
+        version: int = 0,
+        metrics: MetricsWriter | None = None,
+        ref_model: Any | None = None,
+    ) -> None:
+        self.model = model
+        self.cfg = cfg
+        self.pad_token_id = pad_token_id
+        self.version = version
+        self.metrics = metrics
+        self.optimizer_steps = 0
+        self.vocab_size = int(model.get_output_embeddings().weight.shape[0])
+        self.params = [p for p in model.parameters() if p.requires_grad]
+        if not self.params:
+            raise ValueError("the model has no trainable parameters")
+        self.generator = torch.Generator().manual_seed(cfg.seed)
+        self.optimizer: torch.optim.Optimizer | None = None
+        if cfg.optimizer == "adamw":
+            self.optimizer = torch.optim.AdamW(
+                self.params,
+                lr=cfg.lr,
+                betas=cfg.betas,
+                eps=cfg.adam_eps,
+                weight_decay=cfg.weight_decay,
+            )
+        self.ref_model = ref_model
+        if cfg.objective.kl_coef > 0 and ref_model is None:
+            self.ref_model = copy.deepcopy(model).eval().requires_grad_(False)
+
+    # ------------------------------------------------------------------ the step
+    def step(self, trajectories: Sequence[Trajectory]) -> StepResult:
+        """One RL update from ``trajectories`` (see the module docstring)."""
+        t0 = time.perf_counter()
+        self.model.eval()
+        batch, metrics = prepare_batch(
+            trajectories,
+            pad_token_id=self.pad_token_id,
+            vocab_size=self.vocab_size,
+            cfg=self.cfg.advantages,
+        )
+        prox = self.proximal_pass(batch)
+        metrics |= self.diagnostics(batch, prox)
+        if self.cfg.optimizer == "trpo":
+            metrics |= self.trpo_update(batch, prox)
+        else:
+            metrics |= self.adamw_update(batch, prox)
+        self.version += 1
+        n_act = int(batch.mask.sum())
+        wall = time.perf_counter() - t0
+        metrics |= {
+            "version": float(self.version),
+            "num_trajectories": float(batch.size),
+            "num_action_tokens": float(n_act),
+            "num_tokens": float(batch.tb.lengths.sum()),
+            "step_s": wall,
+            "action_tokens_per_s": n_act / wall,
+        }
+        if self.metrics is not None:
+            self.metrics.log(self.version, metrics, prefix="rl")
+            lags = self.version - 1 - batch.tb.versions[batch.mask]
+            self.metrics.log_histogram(self.version, "rl/version_lag", lags.numpy())
+        state = {k: v.detach().to("cpu", copy=True) for k, v in self.model.state_dict().items()}
+        return StepResult(self.version, state, metrics)
+
+    # ------------------------------------------------------------------ 2. proximal pass
+    @torch.no_grad()
+    def proximal_pass(self, batch: RLBatch) -> Proximal:
+        """Teacher-forced statistics of the current weights, in micro-batches."""
+        cfg, tb = self.cfg, batch.tb
+        B, T = tb.input_ids.shape
+        logprobs = torch.zeros(B, T)
+        entropy = torch.zeros(B, T) if cfg.entropy else None
+        truncated = bool(((batch.top_p < 1) | (batch.top_k > 0)).any())
+        excluded = torch.zeros(B, T) if cfg.support_diagnostic and truncated else None
+        ref = torch.zeros(B, T) if self.ref_model is not None else None
+        full: list[torch.Tensor] = []
+        for rows in self._micro(torch.arange(B), batch, sort=False):
+            ids, attn, act, L = self._slice(batch, rows)
+            out = token_logprobs_chunked(
+                self.model,
+                ids,
+                attn,
+                positions=act,
+                temperature=batch.temperature[rows],
+                chunk_tokens=cfg.logprob_chunk_tokens,
+                with_entropy=entropy is not None,
+                top_p=batch.top_p[rows] if excluded is not None else None,
+                top_k=batch.top_k[rows] if excluded is not None else None,
+            )
+            logprobs[rows, :L] = out.logprobs
+            if entropy is not None and out.entropy is not None:
+                entropy[rows, :L] = out.entropy
+            if excluded is not None and out.excluded_mass is not None:
+                excluded[rows, :L] = out.excluded_mass
+            if ref is not None:
+                ref[rows, :L] = token_logprobs_chunked(
+                    self.ref_model,
+                    ids,
+                    attn,
+                    positions=act,
+                    temperature=batch.temperature[rows],
+                    chunk_tokens=cfg.logprob_chunk_tokens,
+                ).logprobs
+            if cfg.optimizer == "trpo":
+                full.append(self._action_log_softmax(batch, rows))
+        return Proximal(logprobs, entropy, excluded, ref, torch.cat(full) if full else None)
+
+    # ------------------------------------------------------------------ 3. diagnostics
+    def diagnostics(self, batch: RLBatch, prox: Proximal) -> dict[str, float]:
+        """Trust-region readings of the batch against the weights before the update."""
+        m, logq = batch.mask, batch.tb.behaviour_logprobs
+        out: dict[str, float] = {}
+        out |= diag.behaviour_kl(prox.logprobs, logq, m)
+        out |= diag.tv_estimate(prox.logprobs, logq, m)
+        out |= diag.ratio_quantiles(prox.logprobs, logq, m)
+        out |= diag.trajectory_ess(prox.logprobs, logq, m)
+        out |= diag.truncation_stats(batch.tb.kept_mass, m)
+        hist = diag.version_lag_histogram(batch.tb.versions, m, self.version)
+        out |= diag.lag_summary(hist, self.cfg.lag_buckets)
+        out["kv_stale_frac"] = batch.kv_stale_frac
+        if prox.entropy is not None:
+            out["entropy"] = float(prox.entropy[m].mean())
+        if prox.excluded_mass is not None:
+            ex = prox.excluded_mass[m]
+            out["pi_excluded_mass"] = float(ex.mean())
+            out["pi_excluded_mass_max"] = float(ex.max())
+        out |= diag.nonfinite_count(m, logq=logq, logprox=prox.logprobs)
+        return out
+
+    # ------------------------------------------------------------------ 4a. AdamW update
+    def adamw_update(self, batch: RLBatch, prox: Proximal) -> dict[str, float]:
+        """``epochs`` × ``minibatches`` optimizer steps on the clipped, corrected loss."""
+        cfg = self.cfg
+        assert self.optimizer is not None
+        totals: dict[str, float] = {}
+        grad_norms: list[float] = []
+        skipped = 0
+        for _ in range(cfg.epochs):
+            order = torch.randperm(batch.size, generator=self.generator)
+            for mb in order.tensor_split(min(cfg.minibatches, batch.size)):
+                weights = torch.zeros_like(batch.tb.behaviour_logprobs)
+                weights[mb] = loss_token_weights(
+                    batch.mask[mb],
+                    cfg.objective.aggregation,
+                    norm_tokens=cfg.objective.norm_tokens,
+                )
+                self.optimizer.zero_grad(set_to_none=True)
+                for rows in self._micro(mb, batch):
+                    out = self._micro_loss(batch, prox, rows, weights, cfg.objective)
+                    out.loss.backward()
+                    _accumulate(totals, out)
+                norm = self._clip_gradients()
+                grad_norms.append(norm)
+                if not math.isfinite(norm):
+                    skipped += 1
+                    self.optimizer.zero_grad(set_to_none=True)
+                    continue
+                self._set_lr()
+                self.optimizer.step()
+                self.optimizer_steps += 1
+        n_steps = cfg.epochs * min(cfg.minibatches, batch.size)
+        summary = _summarise(totals, n_steps)
+        finite = [g for g in grad_norms if math.isfinite(g)]
+        return summary | {
+            "grad_norm": float(np.mean(finite)) if finite else math.nan,
+            "grad_norm_max": max(finite) if finite else math.nan,
+            "skipped_steps": float(skipped),
+            "optimizer_steps": float(n_steps - skipped),
+            "lr": self.optimizer.param_groups[0]["lr"],
+        }
+
+    def _micro_loss(
+        self,
+        batch: RLBatch,
+        prox: Proximal,
+        rows: torch.Tensor,
+        weights: torch.Tensor,
+        objective: ObjectiveConfig,
+    ) -> LossOutput:
+        """Loss of one micro-batch (with grad); ``weights`` are the minibatch's ω."""
+        ids, attn, act, L = self._slice(batch, rows)
+        logp = token_logprobs_chunked(
+            self.model,
+            ids,
+            attn,
+            positions=act,
+            temperature=batch.temperature[rows],
+            chunk_tokens=self.cfg.logprob_chunk_tokens,
+        ).logprobs
+        return policy_loss(
+            logp,
+            _cut(prox.logprobs, rows, L),
+            _cut(batch.tb.behaviour_logprobs, rows, L),
+            _cut(batch.token_advantages, rows, L),
+            act,
+            _cut(weights, rows, L),
+            objective,
+            logp_ref=None if prox.ref_logprobs is None else _cut(prox.ref_logprobs, rows, L),
+        )
+
+    def _clip_gradients(self) -> float:
+        max_norm = self.cfg.max_grad_norm if self.cfg.max_grad_norm is not None else math.inf
+        return float(torch.nn.utils.clip_grad_norm_(self.params, max_norm))
+
+    def _set_lr(self) -> None:
+        assert self.optimizer is not None
+        warm = self.cfg.warmup_steps
+        scale = min(1.0, (self.optimizer_steps + 1) / warm) if warm > 0 else 1.0
+        for group in self.optimizer.param_groups:
+            group["lr"] = self.cfg.lr * scale
+
+    # ------------------------------------------------------------------ 4b. TRPO update
+    def trpo_update(self, batch: RLBatch, prox: Proximal) -> dict[str, float]:
+        """One TRPO step on L(θ) = −(corrected, *unclipped* policy loss); with
+        ``correction = token_is`` that is L(θ) = Σ_t ω_t π_θ(a_t|h_t)/q_{v_t}(a_t|h_t) A_t.
+        The trust region D̄_KL(π_prox‖π_θ) ≤ δ replaces the PPO clip."""
+        assert prox.log_softmax is not None
+        objective = self.cfg.objective.model_copy(
+            update={"clip_eps_low": None, "clip_eps_high": None}
+        )
+        all_rows = torch.arange(batch.size)
+        weights = loss_token_weights(
+            batch.mask, objective.aggregation, norm_tokens=objective.norm_tokens
+        )
+        totals: dict[str, float] = {}
+
+        def surrogate() -> torch.Tensor:
+            total = torch.zeros(())
+            totals.clear()
+            for rows in self._micro(all_rows, batch, sort=False):
+                out = self._micro_loss(batch, prox, rows, weights, objective)
+                total = total - out.loss
+                _accumulate(totals, out)
+            return total
+
+        def mean_kl(rows: torch.Tensor = all_rows) -> torch.Tensor:
+            return self._mean_kl(batch, prox, rows)
+
+        fvp_kl = None
+        if self.cfg.trpo.fvp_subsample < 1:
+            sub = subsample_index(batch.size, self.cfg.trpo.fvp_subsample, self.generator)
+
+            def fvp_kl() -> torch.Tensor:
+                return mean_kl(sub)
+
+        info: TRPOStepInfo = trpo_step(
+            self.params, surrogate, mean_kl, self.cfg.trpo, fvp_kl=fvp_kl
+        )
+        self.optimizer_steps += 1
+        trpo_metrics = {f"trpo_{k}": float(v) for k, v in info.as_dict().items()}
+        return trpo_metrics | _summarise(totals, 1)
+
+    def _action_log_softmax(self, batch: RLBatch, rows: torch.Tensor) -> torch.Tensor:
+        """Full log π_θ(·|h_t) ``[N, V]`` at the action positions of ``rows`` (in
+        ``positions.nonzero()`` order), at each row's temperature. Memory N · V floats."""
+        ids, attn, act, _ = self._slice(batch, rows)
+        h, r, _ = hidden_before(self.model, ids, attn, act)
+        temp = batch.temperature[rows][r]
+        return torch.log_softmax(head_logits(self.model, h) / temp[:, None], dim=-1)
+
+    def _mean_kl(self, batch: RLBatch, prox: Proximal, rows: torch.Tensor) -> torch.Tensor:
+        """D̄_KL = mean over the action tokens of ``rows`` of
+        KL(π_prox(·|h_t) ‖ π_θ(·|h_t)) = Σ_v π_prox(v) [log π_prox(v) − log π_θ(v)]."""
+        assert prox.log_softmax is not None
+        per_row = batch.mask.sum(-1)
+        start = torch.cumsum(per_row, 0) - per_row
+        total, count = torch.zeros(()), 0
+        for micro in self._micro(rows, batch, sort=False):
+            idx = torch.cat(
+                [torch.arange(int(start[r]), int(start[r] + per_row[r])) for r in micro]
+            )
+            old = prox.log_softmax[idx]
+            new = self._action_log_softmax(batch, micro)
+            total = total + (old.exp() * (old - new)).sum()
+            count += idx.numel()
+        return total / max(count, 1)
+
+    # ------------------------------------------------------------------ helpers
+    def _micro(
+        self, rows: torch.Tensor, batch: RLBatch, sort: bool = True
+    ) -> Iterator[torch.Tensor]:
+        size = self.cfg.micro_batch_size
+        groups = (
+            micro_batches(rows, batch.tb.lengths, size)
+            if sort
+            else list(rows.sort().values.split(size))
+        )
+        if self.cfg.progress:
+            from tqdm import tqdm
+
+            yield from tqdm(groups, desc="rl micro-batches", leave=False)
+        else:
+            yield from groups
+
+    @staticmethod
+    def _slice(
+        batch: RLBatch, rows: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, int]:
+        """input_ids, attention mask, action mask of ``rows``, trimmed to their max length."""
+        L = int(batch.tb.lengths[rows].max())
+        tb = batch.tb
+        return (
+            _cut(tb.input_ids, rows, L),
+            _cut(tb.attention_mask, rows, L),
+            _cut(tb.action_mask, rows, L),
+            L,
+        )
+
+
+# ============================================================================ metrics helpers
+def _accumulate(totals: dict[str, float], out: LossOutput) -> None:
+    for key in ("pg_loss", "kl_loss"):
+        totals[key] = totals.get(key, 0.0) + getattr(out, key)
+    totals["loss"] = totals.get("loss", 0.0) + float(out.loss.detach())
+    for key in ("num_tokens", "num_nonfinite", "num_masked", "num_clipped", "weight_sum"):
+        totals[key] = totals.get(key, 0.0) + getattr(out, key)
+    totals["weight_max"] = max(totals.get("weight_max", 0.0), out.weight_max)
+
+
+def _summarise(totals: dict[str, float], n_steps: int) -> dict[str, float]:
+    """Per-update averages from micro-batch totals (losses are per optimizer step)."""
+    if not totals:
+        return {}
+    tokens = max(totals["num_tokens"], 1.0)
+    kept = max(totals["num_tokens"] - totals["num_nonfinite"] - totals["num_masked"], 1.0)
+    return {
+        "loss": totals["loss"] / n_steps,
+        "pg_loss": totals["pg_loss"] / n_steps,
+        "kl_ref": totals["kl_loss"] / n_steps,
+        "clip_frac": totals["num_clipped"] / kept,
+        "masked_frac": totals["num_masked"] / tokens,
+        "nonfinite_tokens": totals["num_nonfinite"],
+        "weight_mean": totals["weight_sum"] / kept,
+        "weight_max": totals["weight_max"],
+    }
