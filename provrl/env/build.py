@@ -1,0 +1,131 @@
+"""Build a world directory: corpus, search index, tasks verified by the oracle.
+
+Layout::
+
+    <dir>/world.json              settings, counts, corpus sha256
+    <dir>/corpus.jsonl            one document per line
+    <dir>/index-<key>.sqlite      the FTS5 index (cached; rebuilt if missing)
+    <dir>/tasks/{train,dev,test}.jsonl
+    <dir>/tasks/summary.json      counts per split / tier, oracle verification
+
+The directory is assembled under a temporary name and renamed at the end, so a crash never
+leaves a half-built world under the final name.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import json
+import os
+import shutil
+import tempfile
+import time
+from collections import Counter
+from pathlib import Path
+from typing import Any
+
+from provrl.env.config import SearchConfig, WorldConfig
+from provrl.env.oracle import run_oracle
+from provrl.env.sqlite_index import SqliteSearch, cached_index
+from provrl.env.tasks import SPLITS, Task, generate_tasks, load_tasks, save_tasks
+from provrl.env.world import generate_world, save_world
+
+TASKS_DIR = "tasks"
+
+
+def world_key(cfg: WorldConfig) -> str:
+    return hashlib.sha256(cfg.model_dump_json().encode()).hexdigest()[:10]
+
+
+def default_world_dir(cfg: WorldConfig) -> Path:
+    """``$PROVRL_CACHE/worlds/seed<S>-d<D>-<hash>`` for a world config."""
+    from provrl.models.loading import cache_dir
+
+    return cache_dir() / "worlds" / f"seed{cfg.seed}-d{cfg.docs}-{world_key(cfg)}"
+
+
+def build_world(
+    cfg: WorldConfig,
+    out_dir: str | os.PathLike[str],
+    *,
+    search: SearchConfig | None = None,
+    progress: bool = False,
+    overwrite: bool = False,
+) -> dict[str, Any]:
+    """Generate, index and verify a world into ``out_dir``; return its summary."""
+    search = search or SearchConfig()
+    final = Path(out_dir)
+    if final.exists() and not overwrite:
+        raise FileExistsError(f"{final}: exists (use --overwrite to replace it)")
+    final.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=final.name + ".tmp-", dir=final.parent))
+    try:
+        t0 = time.perf_counter()
+        world = generate_world(cfg)
+        info = save_world(world, tmp)
+        t_gen = time.perf_counter() - t0
+        t0 = time.perf_counter()
+        index_path = cached_index(tmp, progress=progress)
+        t_index = time.perf_counter() - t0
+        tasks = generate_tasks(world, cfg)
+        backend = SqliteSearch(index_path, title_weight=search.title_weight)
+        kept: list[Task] = []
+        dropped: list[dict[str, Any]] = []
+        it: Any = tasks
+        if progress:
+            from tqdm import tqdm
+
+            it = tqdm(tasks, desc="oracle check", unit="task", leave=False)
+        for t in it:
+            r = run_oracle(t, backend, search.k)
+            if r.solved:
+                kept.append(t)
+            else:
+                dropped.append({"task_id": t.task_id, "problems": r.problems})
+        backend.close()
+        for split in SPLITS:
+            save_tasks([t for t in kept if t.split == split], tmp / TASKS_DIR / f"{split}.jsonl")
+        summary = {
+            "world": info,
+            "tasks": {
+                "generated": len(tasks),
+                "kept": len(kept),
+                "dropped_by_oracle_check": len(dropped),
+                "dropped_examples": dropped[:5],
+                "oracle_k": search.k,
+                "per_split": dict(Counter(t.split for t in kept)),
+                "per_tier": {str(k): v for k, v in sorted(Counter(t.tier for t in kept).items())},
+                "mean_min_searches": (
+                    sum(t.min_searches for t in kept) / len(kept) if kept else 0.0
+                ),
+            },
+            "seconds": {"generate": round(t_gen, 3), "index": round(t_index, 3)},
+        }
+        (tmp / TASKS_DIR / "summary.json").write_text(json.dumps(summary, indent=2))
+        if final.exists():
+            shutil.rmtree(final)
+        tmp.rename(final)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    return summary
+
+
+def ensure_world(cfg: WorldConfig, world_dir: str | os.PathLike[str] | None = None) -> Path:
+    """A built world for ``cfg``: ``world_dir`` if given (must exist), else the cached
+    default for ``cfg`` (built on first use)."""
+    if world_dir is not None:
+        p = Path(world_dir)
+        if not (p / "world.json").is_file():
+            raise FileNotFoundError(f"{p}: not a world directory (run `provrl world --out {p}`)")
+        return p
+    p = default_world_dir(cfg)
+    if not (p / "world.json").is_file():
+        with contextlib.suppress(FileExistsError):  # another process finished first
+            build_world(cfg, p, progress=True)
+    return p
+
+
+def load_split(world_dir: str | os.PathLike[str], split: str) -> list[Task]:
+    return load_tasks(Path(world_dir) / TASKS_DIR / f"{split}.jsonl")

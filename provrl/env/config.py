@@ -1,0 +1,154 @@
+"""Typed settings of the search-agent environment (one :class:`Section` per part).
+
+The lead wires :class:`EnvConfig` into ``provrl.config.RunConfig`` as ``env``; every CLI
+option of ``provrl world / eval / bench search / serve-search`` maps onto a field here.
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import Field
+
+from provrl.config import Section
+
+
+class WorldConfig(Section):
+    """The synthetic world: fictional entities rendered into documents, plus tasks."""
+
+    seed: int = Field(0, description="Seed of the generator (same seed → same bytes).")
+    entities: int = Field(
+        2000, ge=50, description="Number of entities (people, organisations, places, ...)."
+    )
+    docs: int = Field(
+        5000,
+        ge=50,
+        description="Target number of documents; entity pages and award pages come first, "
+        "news digests (distractors) fill the rest.",
+    )
+    twin_fraction: float = Field(
+        0.08,
+        ge=0.0,
+        le=0.5,
+        description="Fraction of people and organisations whose name is a one-letter "
+        "variant of another's (near-identical-name distractors).",
+    )
+    award_fraction: float = Field(
+        0.35, ge=0.0, le=1.0, description="Fraction of people who received an award."
+    )
+    conflict_fraction: float = Field(
+        0.5,
+        ge=0.0,
+        le=1.0,
+        description="Fraction of digest facts that contradict the entity's own page (only "
+        "minor facts that no task asks about).",
+    )
+    tasks: int = Field(2000, ge=0, description="Number of tasks to generate (all splits).")
+    tier_mix: tuple[float, float, float, float] = Field(
+        (0.4, 0.25, 0.2, 0.15),
+        description="Share of tiers 1-4: lookup, two-hop, multi-constraint, comparison.",
+    )
+    split_fractions: tuple[float, float, float] = Field(
+        (0.8, 0.1, 0.1), description="Share of answer entities in train / dev / test."
+    )
+
+
+class LatencyConfig(Section):
+    """A simulated network latency added to every search call (benchmarks, realism)."""
+
+    kind: Literal["none", "lognormal", "pareto"] = Field(
+        "none", description="none; lognormal(median, sigma); or lognormal body + Pareto tail."
+    )
+    median_s: float = Field(0.5, gt=0, description="Median latency in seconds.")
+    sigma: float = Field(0.6, gt=0, description="Log-normal shape σ (log-space std).")
+    tail_prob: float = Field(
+        0.05, ge=0, le=1, description="pareto: probability that a call falls in the tail."
+    )
+    tail_alpha: float = Field(
+        1.5, gt=0, description="pareto: tail index α (smaller = heavier tail)."
+    )
+    max_s: float = Field(30.0, gt=0, description="Latencies are clipped to this many seconds.")
+    seed: int = Field(0, description="Seed of the latency sampler.")
+
+
+class SearchConfig(Section):
+    """Which search backend the agent talks to, and how results are shown."""
+
+    backend: Literal["sqlite", "http"] = Field(
+        "sqlite", description="sqlite: embedded FTS5 BM25 index; http: a /retrieve service."
+    )
+    url: str = Field(
+        "http://127.0.0.1:8765", description="Base URL of the /retrieve service (backend=http)."
+    )
+    k: int = Field(3, ge=1, le=50, description="Search results shown to the agent per query.")
+    title_weight: float = Field(
+        2.0, gt=0, description="BM25 weight of the title column (body weight is 1)."
+    )
+    snippet_words: int = Field(
+        48, ge=4, description="Each result's snippet is cut to this many words."
+    )
+    open_words: int = Field(160, ge=8, description="An opened document is cut to this many words.")
+    latency: LatencyConfig = Field(
+        default_factory=LatencyConfig, description="Simulated latency added to each call."
+    )
+
+
+class AgentConfig(Section):
+    """The multi-turn agent loop: protocol, prompt and limits."""
+
+    protocol: Literal["tag", "hermes"] = Field(
+        "tag",
+        description="tag: <search>q</search> / <open>id</open> / <answer>a</answer>; "
+        'hermes: <tool_call>{"name": ..., "arguments": {...}}</tool_call> (Qwen family).',
+    )
+    shots: int = Field(
+        0, ge=0, le=8, description="Worked examples (oracle traces on train tasks) in the prompt."
+    )
+    observation_role: Literal["user", "tool"] = Field(
+        "user", description="Chat role of the turn that carries tool results."
+    )
+    max_turns: int = Field(8, ge=1, description="Maximum assistant turns per episode.")
+    max_tool_calls: int = Field(6, ge=0, description="Maximum search/open calls per episode.")
+    max_total_tokens: int = Field(
+        1536, ge=64, description="Budget for the whole trajectory (prompt + all turns)."
+    )
+    max_new_tokens: int = Field(96, ge=1, description="Maximum sampled tokens per turn.")
+    max_observation_tokens: int = Field(
+        200, ge=16, description="A tool result is truncated to this many tokens."
+    )
+    tool_timeout_s: float = Field(
+        10.0, gt=0, description="A tool call slower than this returns a timeout observation."
+    )
+    temperature: float = Field(1.0, ge=0, description="Sampling temperature (0 = greedy).")
+    top_p: float = Field(1.0, gt=0, le=1, description="Nucleus sampling mass.")
+    top_k: int = Field(0, ge=0, description="Top-k sampling (0 = off).")
+    reward: Literal["em", "f1"] = Field(
+        "em", description="Outcome score: exact match (with aliases) or token F1."
+    )
+    format_penalty: float = Field(
+        0.0,
+        ge=0,
+        description="Subtracted from the reward when the episode has no well-formed answer "
+        "or any malformed call.",
+    )
+
+
+class EvalConfig(Section):
+    """``provrl eval``: which tasks, how many samples."""
+
+    split: Literal["train", "dev", "test"] = Field("dev", description="Task split to evaluate.")
+    n: int = Field(0, ge=0, description="Number of tasks (0 = all of the split).")
+    k: int = Field(1, ge=1, description="Samples per task (K = successes out of k).")
+    concurrency: int = Field(
+        16, ge=1, description="Agent loops running at once (continuous batching needs work)."
+    )
+    seed: int = Field(0, description="Seed for task sampling and samplers.")
+
+
+class EnvConfig(Section):
+    """Everything about the search-agent environment."""
+
+    world: WorldConfig = Field(default_factory=WorldConfig, description="World generator.")
+    search: SearchConfig = Field(default_factory=SearchConfig, description="Search backend.")
+    agent: AgentConfig = Field(default_factory=AgentConfig, description="Agent loop.")
+    eval: EvalConfig = Field(default_factory=EvalConfig, description="Evaluation.")

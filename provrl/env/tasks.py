@@ -1,0 +1,732 @@
+"""Tasks in four tiers, their JSONL schema, and splits disjoint by answer entity.
+
+Tiers (``min_searches`` = searches of the oracle's plan, one per evidence passage):
+
+1. **lookup** — one fact from the opening of one entity's page (1 search: the name).
+2. **two-hop** — a fact about an entity named on another entity's page (2 searches).
+3. **multi-constraint** (BrowseComp style) — identify the person who satisfies 3–5 clues
+   spread over different pages. The entry clue (an award ceremony, a birth city or an
+   employer) yields a list of ≥ 2 candidates; only the intersection of all clues is unique.
+   The oracle knows which candidate to check (3–4 searches); an agent has to try them.
+4. **comparison / aggregation** — compare 2–3 entities and answer with a fact about the
+   winner, or combine two numbers (2–3 searches plus arithmetic).
+
+One task per line in ``tasks/{split}.jsonl``::
+
+    {"task_id": "t00042", "split": "dev", "tier": 2, "kind": "employer_hq",
+     "question": "...", "answer": "Dunmere", "aliases": ["Dunmere"],
+     "answer_entity": "place:17", "evidence": ["d0000123", "d0000456"],
+     "min_searches": 2,
+     "oracle": [{"query": "Orlan Vesk", "passage": "d0000123#0", "reveals": "Halvex Institute"},
+                {"query": "Halvex Institute", "passage": "d0000456#0", "reveals": "Dunmere"}]}
+
+The split of a task is a hash of ``answer_entity`` (the entity the answer names, or for a
+number, the entity it is about), so train / dev / test never share an answer entity.
+Answers never occur in their question (checked at generation, tested).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+from collections.abc import Callable, Iterable
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import orjson
+
+from provrl.env.config import WorldConfig
+from provrl.env.rewards import contains_answer
+from provrl.env.world import FIELDS, OCCUPATIONS, World
+
+SPLITS = ("train", "dev", "test")
+TIER_NAMES = {1: "lookup", 2: "two-hop", 3: "multi-constraint", 4: "comparison"}
+
+
+class TaskFileError(ValueError):
+    """A task file is malformed; the message names the file, the line and the field."""
+
+
+@dataclass(frozen=True)
+class OracleStep:
+    """One search of the oracle's plan."""
+
+    query: str
+    """The query (built only from the question and text seen in earlier results)."""
+    passage: str
+    """Gold passage id ``doc_id#paragraph`` that this search must return."""
+    reveals: str
+    """What the passage shows that the next step needs (a name, a year, the answer)."""
+
+
+@dataclass
+class Task:
+    task_id: str
+    split: str
+    tier: int
+    kind: str
+    question: str
+    answer: str
+    aliases: list[str]
+    answer_entity: str
+    evidence: list[str]
+    min_searches: int
+    oracle: list[OracleStep] = field(default_factory=list)
+
+    @property
+    def answers(self) -> list[str]:
+        return [self.answer, *self.aliases]
+
+    def to_json(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+# ----------------------------------------------------------------------------- schema
+_SCHEMA: dict[str, type | tuple[type, ...]] = {
+    "task_id": str,
+    "split": str,
+    "tier": int,
+    "kind": str,
+    "question": str,
+    "answer": str,
+    "aliases": list,
+    "answer_entity": str,
+    "evidence": list,
+    "min_searches": int,
+    "oracle": list,
+}
+
+
+def task_from_json(d: Any, where: str) -> Task:
+    """Validate one decoded line; errors name ``where`` (``file:line``) and the field."""
+    if not isinstance(d, dict):
+        raise TaskFileError(f"{where}: expected a JSON object, got {type(d).__name__}")
+    for key, typ in _SCHEMA.items():
+        if key not in d:
+            raise TaskFileError(f"{where}: field {key!r} is missing")
+        v = d[key]
+        if not isinstance(v, typ) or (typ is int and isinstance(v, bool)):
+            raise TaskFileError(
+                f"{where}: field {key!r} must be {getattr(typ, '__name__', typ)}, "
+                f"got {type(v).__name__} {v!r}"
+            )
+    unknown = set(d) - set(_SCHEMA)
+    if unknown:
+        raise TaskFileError(f"{where}: unknown field {sorted(unknown)[0]!r}")
+    if d["split"] not in SPLITS:
+        raise TaskFileError(f"{where}: field 'split' must be one of {SPLITS}, got {d['split']!r}")
+    if d["tier"] not in TIER_NAMES:
+        raise TaskFileError(f"{where}: field 'tier' must be 1-4, got {d['tier']!r}")
+    if not d["question"].strip() or not d["answer"].strip():
+        raise TaskFileError(
+            f"{where}: field {'question' if not d['question'].strip() else 'answer'!r} is empty"
+        )
+    for key in ("aliases", "evidence"):
+        if not all(isinstance(x, str) for x in d[key]):
+            raise TaskFileError(f"{where}: field {key!r} must be a list of strings")
+    steps = []
+    for j, s in enumerate(d["oracle"]):
+        if not isinstance(s, dict) or set(s) != {"query", "passage", "reveals"}:
+            raise TaskFileError(
+                f"{where}: field 'oracle[{j}]' must be an object with query, passage, reveals"
+            )
+        if not all(isinstance(s[k], str) for k in s):
+            raise TaskFileError(f"{where}: field 'oracle[{j}]' values must be strings")
+        steps.append(OracleStep(**s))
+    if d["min_searches"] != len(steps):
+        raise TaskFileError(
+            f"{where}: field 'min_searches' is {d['min_searches']} but the oracle plan has "
+            f"{len(steps)} searches"
+        )
+    return Task(**{**d, "oracle": steps})
+
+
+def load_tasks(path: str | os.PathLike[str]) -> list[Task]:
+    """Read a task JSONL file. Malformed input raises :class:`TaskFileError` with line and
+    field; blank lines are skipped."""
+    p = Path(path)
+    if not p.is_file():
+        raise TaskFileError(f"{p}: no such task file")
+    tasks: list[Task] = []
+    seen: dict[str, int] = {}
+    with open(p, "rb") as f:
+        for lineno, line in enumerate(f, 1):
+            if not line.strip():
+                continue
+            where = f"{p}:{lineno}"
+            try:
+                d = orjson.loads(line)
+            except orjson.JSONDecodeError as e:
+                raise TaskFileError(f"{where}: invalid JSON ({e})") from None
+            t = task_from_json(d, where)
+            if t.task_id in seen:
+                raise TaskFileError(
+                    f"{where}: field 'task_id' {t.task_id!r} repeats line {seen[t.task_id]}"
+                )
+            seen[t.task_id] = lineno
+            tasks.append(t)
+    return tasks
+
+
+def save_tasks(tasks: Iterable[Task], path: str | os.PathLike[str]) -> None:
+    p = Path(path)
+    p.parent.mkdir(parents=True, exist_ok=True)
+    tmp = p.with_name(p.name + ".tmp")
+    with open(tmp, "wb") as f:
+        for t in tasks:
+            f.write(orjson.dumps(t.to_json()) + b"\n")
+    tmp.replace(p)
+
+
+def split_of(answer_entity: str, seed: int, fractions: tuple[float, float, float]) -> str:
+    """Deterministic split of an answer entity: a hash in [0, 1) against the cumulative
+    fractions."""
+    h = hashlib.sha256(f"{seed}:{answer_entity}".encode()).digest()
+    u = int.from_bytes(h[:8], "big") / 2**64
+    total = sum(fractions)
+    acc = 0.0
+    for name, frac in zip(SPLITS, fractions, strict=True):
+        acc += frac / total
+        if u < acc:
+            return name
+    return SPLITS[-1]
+
+
+# ----------------------------------------------------------------------------- generators
+@dataclass
+class _Draft:
+    kind: str
+    question: str
+    answer: str
+    answer_entity: str
+    steps: list[OracleStep]
+    aliases: list[str] = field(default_factory=list)
+
+
+class _Gen:
+    """Task drafts from a world (each method returns a draft or None if it does not fit)."""
+
+    def __init__(self, world: World, rng: np.random.Generator) -> None:
+        self.w = world
+        self.rng = rng
+        P = world.people
+        self.bp_region = world.places["region"][P["birth_place"]]
+        self.emp_founded = world.orgs["founded"][P["employer"]]
+        self.emp_field = world.orgs["field"][P["employer"]]
+        self.born_count = np.bincount(P["birth_place"], minlength=len(world.places))
+        self.staff_count = np.bincount(P["employer"], minlength=len(world.orgs))
+
+    # small helpers -------------------------------------------------------------
+    def _pick(self, n: int) -> int:
+        return int(self.rng.integers(n))
+
+    def _step(self, table: Any, i: int, reveals: str, query: str | None = None) -> OracleStep:
+        return OracleStep(query or table.names[i], self.w.opening(table, i), reveals)
+
+    def _place_step(self, c: int, reveals: str) -> OracleStep:
+        return self._step(self.w.places, c, reveals)
+
+    # tier 1 ---------------------------------------------------------------------
+    def lookup(self) -> _Draft | None:
+        w, r = self.w, self._pick(14)
+        P, Org, C, W, E = w.people, w.orgs, w.places, w.works, w.events
+        if r < 4:
+            i = self._pick(len(P))
+            x = P.names[i]
+            if r == 0:
+                a = str(int(P["birth_year"][i]))
+                return _Draft(
+                    "birth_year",
+                    f"In what year was {x} born?",
+                    a,
+                    P.entity_id(i),
+                    [self._step(P, i, a)],
+                )
+            if r == 1:
+                c = int(P["birth_place"][i])
+                a = C.names[c]
+                return _Draft(
+                    "birth_place",
+                    f"In which city was {x} born?",
+                    a,
+                    C.entity_id(c),
+                    [self._step(P, i, a)],
+                )
+            if r == 2:
+                a = OCCUPATIONS[int(P["occupation"][i])]
+                return _Draft(
+                    "occupation",
+                    f"What is the occupation of {x}?",
+                    a,
+                    P.entity_id(i),
+                    [self._step(P, i, a)],
+                )
+            o = int(P["employer"][i])
+            a = Org.names[o]
+            return _Draft(
+                "employer",
+                f"Which organisation does {x} work at?",
+                a,
+                Org.entity_id(o),
+                [self._step(P, i, a)],
+            )
+        if r < 8:
+            i = self._pick(len(Org))
+            x = Org.names[i]
+            if r == 4:
+                a = str(int(Org["founded"][i]))
+                return _Draft(
+                    "org_founded",
+                    f"In what year was the {x} founded?",
+                    a,
+                    Org.entity_id(i),
+                    [self._step(Org, i, a)],
+                )
+            if r == 5:
+                f = int(Org["founder"][i])
+                a = P.names[f]
+                return _Draft(
+                    "org_founder",
+                    f"Who founded the {x}?",
+                    a,
+                    P.entity_id(f),
+                    [self._step(Org, i, a)],
+                )
+            if r == 6:
+                c = int(Org["hq"][i])
+                a = C.names[c]
+                return _Draft(
+                    "org_hq",
+                    f"In which city is the {x} headquartered?",
+                    a,
+                    C.entity_id(c),
+                    [self._step(Org, i, a)],
+                )
+            a = FIELDS[int(Org["field"][i])]
+            return _Draft(
+                "org_field",
+                f"In which field does the {x} work?",
+                a,
+                Org.entity_id(i),
+                [self._step(Org, i, a)],
+            )
+        if r < 10:
+            i = self._pick(len(C))
+            x = C.names[i]
+            if r == 8:
+                g = int(C["region"][i])
+                a = w.regions[g]
+                return _Draft(
+                    "place_region",
+                    f"In which region is the city of {x}?",
+                    a,
+                    f"region:{g}",
+                    [self._step(C, i, a)],
+                    [f"{a} region"],
+                )
+            a = str(int(C["founded"][i]))
+            return _Draft(
+                "place_founded",
+                f"In what year was the city of {x} founded?",
+                a,
+                C.entity_id(i),
+                [self._step(C, i, a)],
+            )
+        if r < 12:
+            i = self._pick(len(W))
+            x = W.names[i]
+            if r == 10:
+                p = int(W["creator"][i])
+                a = P.names[p]
+                return _Draft(
+                    "work_creator", f"Who created {x}?", a, P.entity_id(p), [self._step(W, i, a)]
+                )
+            a = str(int(W["year"][i]))
+            return _Draft(
+                "work_year",
+                f"In what year was {x} released?",
+                a,
+                W.entity_id(i),
+                [self._step(W, i, a)],
+            )
+        i = self._pick(len(E))
+        x = E.names[i]
+        if r == 12:
+            c = int(E["location"][i])
+            a = C.names[c]
+            return _Draft(
+                "event_location",
+                f"In which city was the {x} held?",
+                a,
+                C.entity_id(c),
+                [self._step(E, i, a)],
+            )
+        a = str(int(E["year"][i]))
+        return _Draft(
+            "event_year",
+            f"In what year was the {x} held?",
+            a,
+            E.entity_id(i),
+            [self._step(E, i, a)],
+        )
+
+    # tier 2 ---------------------------------------------------------------------
+    def two_hop(self) -> _Draft | None:
+        w, r = self.w, self._pick(11)
+        P, Org, C, W, E = w.people, w.orgs, w.places, w.works, w.events
+
+        def hop(
+            t1: Any,
+            i: int,
+            t2: Any,
+            j: int,
+            kind: str,
+            q: str,
+            a: str,
+            ent: str,
+            aliases: list[str] | None = None,
+        ) -> _Draft:
+            steps = [self._step(t1, i, t2.names[j]), self._step(t2, j, a)]
+            return _Draft(kind, q, a, ent, steps, aliases or [])
+
+        if r < 5:
+            i = self._pick(len(P))
+            x = P.names[i]
+            o, c = int(P["employer"][i]), int(P["birth_place"][i])
+            if r == 0:
+                h = int(Org["hq"][o])
+                return hop(
+                    P,
+                    i,
+                    Org,
+                    o,
+                    "employer_hq",
+                    f"In which city is the organisation that {x} works at headquartered?",
+                    C.names[h],
+                    C.entity_id(h),
+                )
+            if r == 1:
+                return hop(
+                    P,
+                    i,
+                    Org,
+                    o,
+                    "employer_founded",
+                    f"In what year was the organisation that {x} works at founded?",
+                    str(int(Org["founded"][o])),
+                    Org.entity_id(o),
+                )
+            if r == 2:
+                f = int(Org["founder"][o])
+                if f == i:
+                    return None
+                return hop(
+                    P,
+                    i,
+                    Org,
+                    o,
+                    "employer_founder",
+                    f"Who founded the organisation that {x} works at?",
+                    P.names[f],
+                    P.entity_id(f),
+                )
+            if r == 3:
+                g = int(C["region"][c])
+                return hop(
+                    P,
+                    i,
+                    C,
+                    c,
+                    "birthplace_region",
+                    f"In which region is the city where {x} was born?",
+                    w.regions[g],
+                    f"region:{g}",
+                    [f"{w.regions[g]} region"],
+                )
+            return hop(
+                P,
+                i,
+                C,
+                c,
+                "birthplace_founded",
+                f"In what year was the city where {x} was born founded?",
+                str(int(C["founded"][c])),
+                C.entity_id(c),
+            )
+        if r < 8:
+            i = self._pick(len(W))
+            x = W.names[i]
+            p = int(W["creator"][i])
+            if r == 5:
+                return hop(
+                    W,
+                    i,
+                    P,
+                    p,
+                    "creator_birth_year",
+                    f"In what year was the creator of {x} born?",
+                    str(int(P["birth_year"][p])),
+                    P.entity_id(p),
+                )
+            if r == 6:
+                c = int(P["birth_place"][p])
+                return hop(
+                    W,
+                    i,
+                    P,
+                    p,
+                    "creator_birthplace",
+                    f"In which city was the creator of {x} born?",
+                    C.names[c],
+                    C.entity_id(c),
+                )
+            o = int(W["publisher"][i])
+            h = int(Org["hq"][o])
+            return hop(
+                W,
+                i,
+                Org,
+                o,
+                "publisher_hq",
+                f"In which city is the organisation that released {x} headquartered?",
+                C.names[h],
+                C.entity_id(h),
+            )
+        if r < 10:
+            i = self._pick(len(E))
+            x = E.names[i]
+            if r == 8:
+                o = int(E["organiser"][i])
+                f = int(Org["founder"][o])
+                return hop(
+                    E,
+                    i,
+                    Org,
+                    o,
+                    "organiser_founder",
+                    f"Who founded the organisation that organised the {x}?",
+                    P.names[f],
+                    P.entity_id(f),
+                )
+            c = int(E["location"][i])
+            g = int(C["region"][c])
+            return hop(
+                E,
+                i,
+                C,
+                c,
+                "event_region",
+                f"In which region is the city where the {x} was held?",
+                w.regions[g],
+                f"region:{g}",
+                [f"{w.regions[g]} region"],
+            )
+        i = self._pick(len(Org))
+        f = int(Org["founder"][i])
+        c = int(P["birth_place"][f])
+        return hop(
+            Org,
+            i,
+            P,
+            f,
+            "founder_birthplace",
+            f"In which city was the founder of the {Org.names[i]} born?",
+            C.names[c],
+            C.entity_id(c),
+        )
+
+    # tier 3 ---------------------------------------------------------------------
+    def multi_constraint(self) -> _Draft | None:
+        w = self.w
+        P, Org, C = w.people, w.orgs, w.places
+        i = self._pick(len(P))
+        entries = ["birth_city", "employer"] + (["award"] if P["award"][i] >= 0 else [])
+        entry = entries[self._pick(len(entries))]
+        c, o = int(P["birth_place"][i]), int(P["employer"][i])
+        name = P.names[i]
+        if entry == "award":
+            a, y = int(P["award"][i]), int(P["award_year"][i])
+            mask = (P["award"] == a) & (P["award_year"] == y)
+            clue = f"They received the {w.awards[a]} in {y}."
+            entry_step = OracleStep(
+                f"{y} {w.awards[a]}", w.docs[int(w.ceremony_doc[i])].passage_id(0), name
+            )
+        elif entry == "birth_city":
+            if self.born_count[c] > 3 * 8:
+                return None
+            mask = P["birth_place"] == c
+            clue = f"They were born in {C.names[c]}."
+            entry_step = OracleStep(
+                f"notable people born in {C.names[c]} include",
+                w.doc_of(C, c).passage_id(int(w.born_list_para[i])),
+                name,
+            )
+        else:
+            if self.staff_count[o] > 3 * 8:
+                return None
+            mask = P["employer"] == o
+            clue = f"They work at the {Org.names[o]}."
+            entry_step = OracleStep(
+                f"employees of the {Org.names[o]} include",
+                w.doc_of(Org, o).passage_id(int(w.staff_list_para[i])),
+                name,
+            )
+        if mask.sum() < 2:
+            return None
+        by, occ = int(P["birth_year"][i]), int(P["occupation"][i])
+        local = {
+            "decade": (
+                P["birth_year"] // 10 == by // 10,
+                f"They were born in the {by // 10 * 10}s.",
+            ),
+            "occupation": (P["occupation"] == occ, f"They work as {_a(OCCUPATIONS[occ])}."),
+        }
+        hops: dict[str, tuple[np.ndarray, str]] = {}
+        if entry != "employer":
+            hops["employer_founded"] = (
+                self.emp_founded == self.emp_founded[i],
+                f"They work at an organisation founded in {int(self.emp_founded[i])}.",
+            )
+            hops["employer_field"] = (
+                self.emp_field == self.emp_field[i],
+                f"They work at {_a(FIELDS[int(self.emp_field[i])])} organisation.",
+            )
+        if entry != "birth_city":
+            g = int(self.bp_region[i])
+            hops["birth_region"] = (
+                self.bp_region == g,
+                f"They were born in a city in the {w.regions[g]} region.",
+            )
+        hop_names = list(hops)
+        first_hop = hop_names[self._pick(len(hop_names))]
+        rest = [k for k in [*local, *hop_names] if k != first_hop]
+        order = [first_hop] + [rest[j] for j in self.rng.permutation(len(rest))]
+        chosen: list[str] = []
+        for key in order[:4]:
+            m, _ = local.get(key) or hops[key]
+            chosen.append(key)
+            mask = mask & m
+            if mask.sum() == 1 and len(chosen) >= 2:
+                break
+        if mask.sum() != 1 or not mask[i]:
+            return None
+        clues = [clue] + [(local.get(k) or hops[k])[1] for k in chosen]
+        clues = [clues[j] for j in self.rng.permutation(len(clues))]
+        uses_org = "employer_founded" in chosen or "employer_field" in chosen
+        # the person's opening names both the employer and the birth city
+        steps = [entry_step, self._step(P, i, Org.names[o] if uses_org else C.names[c])]
+        if uses_org:
+            reveals = (
+                str(int(Org["founded"][o]))
+                if "employer_founded" in chosen
+                else FIELDS[int(Org["field"][o])]
+            )
+            steps.append(self._step(Org, o, reveals))
+        if "birth_region" in chosen:
+            steps.append(self._step(C, c, w.regions[int(C["region"][c])]))
+        q = (
+            "Find the person who matches every clue. "
+            + " ".join(clues)
+            + " Answer with their full name."
+        )
+        return _Draft(f"identify_{entry}", q, name, P.entity_id(i), steps)
+
+    # tier 4 ---------------------------------------------------------------------
+    def comparison(self) -> _Draft | None:
+        w, r = self.w, self._pick(4)
+        P, Org, C = w.people, w.orgs, w.places
+        if r == 0:
+            ids = self.rng.choice(len(P), 3, replace=False)
+            years = P["birth_year"][ids]
+            places = P["birth_place"][ids]
+            if len(set(years.tolist())) < 3 or len(set(places.tolist())) < 3:
+                return None
+            first = int(ids[int(np.argmin(years))])
+            c = int(P["birth_place"][first])
+            names = [P.names[int(j)] for j in ids]
+            q = (
+                f"Of {names[0]}, {names[1]} and {names[2]}, who was born first? "
+                "Answer with the city where that person was born."
+            )
+            steps = [self._step(P, int(j), str(int(P["birth_year"][j]))) for j in ids]
+            return _Draft("oldest_birthplace", q, C.names[c], C.entity_id(c), steps)
+        if r == 1:
+            ids = self.rng.choice(len(Org), 2, replace=False)
+            f, h = Org["founded"][ids], Org["hq"][ids]
+            if f[0] == f[1] or h[0] == h[1]:
+                return None
+            first = int(ids[int(np.argmin(f))])
+            c = int(Org["hq"][first])
+            q = (
+                f"Which was founded first, the {Org.names[int(ids[0])]} or the {Org.names[int(ids[1])]}? "
+                "Answer with the city where it is headquartered."
+            )
+            steps = [self._step(Org, int(j), str(int(Org["founded"][j]))) for j in ids]
+            return _Draft("earliest_org_hq", q, C.names[c], C.entity_id(c), steps)
+        if r == 2:
+            ids = self.rng.choice(len(P), 2, replace=False)
+            y = P["birth_year"][ids]
+            if y[0] == y[1]:
+                return None
+            q = f"How many years apart were {P.names[int(ids[0])]} and {P.names[int(ids[1])]} born?"
+            steps = [self._step(P, int(j), str(int(P["birth_year"][j]))) for j in ids]
+            return _Draft(
+                "birth_gap", q, str(abs(int(y[0]) - int(y[1]))), P.entity_id(int(ids[0])), steps
+            )
+        ids = self.rng.choice(len(C), 2, replace=False)
+        pops = [int(C["population"][j]) for j in ids]
+        total = sum(pops)
+        q = f"What is the combined population of {C.names[int(ids[0])]} and {C.names[int(ids[1])]}?"
+        steps = [self._step(C, int(j), f"{p:,}") for j, p in zip(ids, pops, strict=True)]
+        return _Draft(
+            "population_sum", q, f"{total:,}", C.entity_id(int(ids[0])), steps, [str(total)]
+        )
+
+
+def _a(word: str) -> str:
+    return ("an " if word[0] in "aeiou" else "a ") + word
+
+
+def generate_tasks(world: World, cfg: WorldConfig | None = None) -> list[Task]:
+    """``cfg.tasks`` tasks with tiers drawn from ``cfg.tier_mix`` (deterministic)."""
+    cfg = cfg or world.config
+    rng = np.random.default_rng([cfg.seed, 1])
+    gen = _Gen(world, rng)
+    makers: dict[int, Callable[[], _Draft | None]] = {
+        1: gen.lookup,
+        2: gen.two_hop,
+        3: gen.multi_constraint,
+        4: gen.comparison,
+    }
+    mix = np.asarray(cfg.tier_mix, dtype=float)
+    tiers = rng.choice(np.arange(1, 5), size=cfg.tasks, p=mix / mix.sum())
+    tasks: list[Task] = []
+    seen: set[str] = set()
+    for tier in tiers.tolist():
+        for _attempt in range(200):
+            d = makers[tier]()
+            if d is None or d.question in seen:
+                continue
+            if contains_answer(d.question, [d.answer, *d.aliases]):
+                continue
+            seen.add(d.question)
+            evidence = list(dict.fromkeys(s.passage.split("#")[0] for s in d.steps))
+            tasks.append(
+                Task(
+                    task_id=f"t{len(tasks):06d}",
+                    split=split_of(d.answer_entity, cfg.seed, cfg.split_fractions),
+                    tier=tier,
+                    kind=d.kind,
+                    question=d.question,
+                    answer=d.answer,
+                    aliases=[a for a in d.aliases if a != d.answer],
+                    answer_entity=d.answer_entity,
+                    evidence=evidence,
+                    min_searches=len(d.steps),
+                    oracle=d.steps,
+                )
+            )
+            break
+    return tasks
