@@ -114,7 +114,10 @@ class AgentConfig(Section):
     )
     max_new_tokens: int = Field(96, ge=1, description="Maximum sampled tokens per turn.")
     max_observation_tokens: int = Field(
-        200, ge=16, description="A tool result is truncated to this many tokens."
+        256,
+        ge=16,
+        description="A tool result is truncated to this many tokens (k=3 results of the "
+        "default world need at most ~225).",
     )
     tool_timeout_s: float = Field(
         10.0, gt=0, description="A tool call slower than this returns a timeout observation."

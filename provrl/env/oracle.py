@@ -23,6 +23,8 @@ from provrl.env.rewards import contains_answer
 from provrl.env.search import SearchBackend, query_terms
 from provrl.env.tasks import Task
 
+COMPUTED_KINDS = frozenset({"birth_gap", "population_sum"})
+"""Task kinds whose answer is computed from shown numbers rather than shown itself."""
 GENERIC_QUERY_WORDS = frozenset(
     {"notable", "people", "born", "employees", "of", "in", "the", "include"}
 )
@@ -72,6 +74,12 @@ def run_oracle(task: Task, backend: SearchBackend, k: int, protocol: str = "tag"
             res.problems.append(f"step {j}: gold passage {step.passage} not in top-{k} {got}")
         elif not contains_answer(hit.snippet, [step.reveals]):
             res.problems.append(f"step {j}: passage {step.passage} does not show {step.reveals!r}")
-    res.turns.append((render_call(Call("answer", task.answer), protocol), None))
+    if task.kind not in COMPUTED_KINDS:
+        shown = " ".join(obs for _, obs in res.turns if obs)
+        if not contains_answer(shown, task.answers):
+            res.problems.append(f"the answer {task.answer!r} was never shown")
     res.solved = not res.problems
+    # an oracle that could not verify its plan does not get to answer
+    res.answer = task.answer if res.solved else "unknown"
+    res.turns.append((render_call(Call("answer", res.answer), protocol), None))
     return res

@@ -32,9 +32,9 @@ def instructions(protocol: str) -> str:
     return TAG_INSTRUCTIONS if protocol == "tag" else HERMES_INSTRUCTIONS
 
 
-def question_message(question: str, protocol: str) -> str:
-    """The user turn that poses a question (instructions first: SmolLM2 ignores system)."""
-    return f"{instructions(protocol)}\n\nQuestion: {question}"
+def question_message(question: str) -> str:
+    """The user turn that poses a question."""
+    return f"Question: {question}"
 
 
 def format_hits(hits: Sequence[Hit]) -> str:
@@ -58,12 +58,13 @@ def format_error(message: str) -> str:
 def build_messages(
     question: str, protocol: str, shots: Sequence[Sequence[Message]] = ()
 ) -> list[Message]:
-    """Chat messages for an episode: worked examples (complete dialogues), then the question.
+    """Chat messages for an episode: the instructions (system turn), the worked examples
+    (complete dialogues), then the question.
 
     Each shot is the oracle's transcript of a train task: ``[user question, assistant call,
     user observation, ..., assistant answer]``."""
-    messages: list[Message] = []
+    messages: list[Message] = [{"role": "system", "content": instructions(protocol)}]
     for shot in shots:
         messages.extend(shot)
-    messages.append({"role": "user", "content": question_message(question, protocol)})
+    messages.append({"role": "user", "content": question_message(question)})
     return messages

@@ -1,0 +1,342 @@
+"""The multi-turn agent loop: generate ⇄ search, token ids in, token ids out.
+
+One episode on one engine request::
+
+    prompt ids  = chat template(instructions, worked examples, question)      non-action
+    turn 0      = engine.submit(prompt ids)            → sampled ids           action
+    repeat:
+        parse the turn's text (tag or Hermes protocol; never raises)
+        answer            → stop
+        search / open     → run the tool (timeout, latency recorded)
+        malformed         → error observation, counter
+        observation ids   = close the assistant turn, a user/tool turn with the
+                            (truncated) result, reopen the assistant turn          non-action
+        turn t+1          = engine.submit_continue(request, observation ids)      action
+    until an answer, max_turns, or the token budget; then release the request.
+
+The trajectory holds exactly the ids the engine consumed and produced, in order: earlier
+turns are never re-tokenized (the observation is tokenized once, on its own). Sampled ids
+carry the engine's stamps (version, logprob, kept mass, KV versions, replica).
+
+The oracle's dialogues become trajectories too (:func:`oracle_trajectory`): a deterministic
+policy, so each of its tokens has q(a|h) = 1, i.e. logprob 0, version 0 — teacher traces
+for SFT whose action mask is exactly the tokens to imitate.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import json
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from provrl.engine.api import Engine, EngineError, TurnOutput
+from provrl.env.config import AgentConfig, SearchConfig
+from provrl.env.oracle import OracleResult
+from provrl.env.prompts import (
+    Message,
+    build_messages,
+    format_document,
+    format_error,
+    format_hits,
+)
+from provrl.env.protocol import Call, Malformed, parse, stop_strings
+from provrl.env.rewards import exact_match, reward, token_f1
+from provrl.env.search import SearchBackend, SearchError
+from provrl.env.tasks import Task
+from provrl.models.chat import chat_ids, continuation_ids, stop_token_ids
+from provrl.provenance import Identity, SamplingParams, ToolCall, Trajectory, TrajectoryBuilder
+
+
+@dataclass
+class AgentEnv:
+    """Everything an episode needs besides the task (shared by concurrent loops)."""
+
+    engine: Engine
+    tokenizer: Any
+    backend: SearchBackend
+    agent: AgentConfig
+    search: SearchConfig
+    policy: Identity
+    tools: Identity
+    shots: Sequence[Sequence[Message]] = ()
+    codec: ObservationCodec = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.codec = ObservationCodec(self.tokenizer, self.agent)
+
+
+def tools_identity(backend: SearchBackend, search: SearchConfig, agent: AgentConfig) -> Identity:
+    """Identity of the tool configuration: index fingerprint + every setting that changes
+    what the model sees."""
+    config = {
+        "backend": backend.name,
+        "k": search.k,
+        "snippet_words": search.snippet_words,
+        "open_words": search.open_words,
+        "title_weight": search.title_weight,
+        "latency": search.latency.model_dump(),
+        "protocol": agent.protocol,
+        "max_observation_tokens": agent.max_observation_tokens,
+        "tool_timeout_s": agent.tool_timeout_s,
+    }
+    h = hashlib.sha256((backend.fingerprint() + json.dumps(config, sort_keys=True)).encode())
+    return Identity(backend.name, "sha256:" + h.hexdigest()[:32], config)
+
+
+def _seed(*parts: object) -> int:
+    h = hashlib.sha256("|".join(map(str, parts)).encode()).digest()
+    return int.from_bytes(h[:8], "big") >> 1
+
+
+class ObservationCodec:
+    """Turns a tool result into the non-action ids appended between two agent turns."""
+
+    def __init__(self, tokenizer: Any, agent: AgentConfig) -> None:
+        self.tokenizer, self.agent = tokenizer, agent
+        self.stop_ids = frozenset(stop_token_ids(tokenizer))
+        self.newline = [int(i) for i in tokenizer.encode("\n", add_special_tokens=False)]
+
+    def ids(self, text: str, turn_ids: Sequence[int]) -> tuple[list[int], bool]:
+        """Ids that end the model's turn (``<|im_end|>`` unless the turn already ended with
+        it), carry ``text`` in a user/tool turn and reopen the assistant turn; ``text`` is
+        cut to ``max_observation_tokens`` first. Returns (ids, whether it was cut)."""
+        tok, cap = self.tokenizer, self.agent.max_observation_tokens
+        body = tok.encode(text, add_special_tokens=False)
+        truncated = len(body) > cap
+        if truncated:
+            text = tok.decode(body[: cap - 2], skip_special_tokens=True) + " …"
+        ended = bool(turn_ids) and int(turn_ids[-1]) in self.stop_ids
+        ids = continuation_ids(tok, self.agent.observation_role, text, close_assistant=not ended)
+        return (self.newline + ids if ended else ids), truncated
+
+
+def _params(env: AgentEnv, max_new: int, seed: int) -> SamplingParams:
+    a = env.agent
+    return SamplingParams(
+        temperature=a.temperature,
+        top_p=a.top_p,
+        top_k=a.top_k,
+        max_new_tokens=max_new,
+        stop=stop_strings(a.protocol),
+        seed=seed,
+    )
+
+
+def run_tool(env: AgentEnv, call: Call) -> tuple[str, ToolCall]:
+    """Execute a search/open call; failures become error observations, never exceptions."""
+    t0 = time.perf_counter()
+    try:
+        if call.name == "search":
+            obs = format_hits(env.backend.search(call.argument, env.search.k))
+        else:
+            obs = format_document(call.argument, env.backend.open(call.argument))
+        ok, err = True, None
+    except TimeoutError as e:
+        obs, ok, err = format_error(f"{call.name} timed out"), False, str(e)
+    except (SearchError, OSError, ValueError) as e:
+        obs, ok, err = format_error(f"{call.name} failed"), False, str(e)
+    return obs, ToolCall(0, call.name, call.argument, ok, err, time.perf_counter() - t0)
+
+
+def run_episode(env: AgentEnv, task: Task, *, traj_id: str, seed: int = 0) -> Trajectory:
+    """Roll out one episode of ``task`` on ``env.engine`` and return its trajectory."""
+    a, tok = env.agent, env.tokenizer
+    t_start = time.perf_counter()
+    messages = build_messages(task.question, a.protocol, env.shots)
+    prompt = chat_ids(tok, messages, add_generation_prompt=True)
+    budget = a.max_total_tokens
+    if len(prompt) + 8 > budget:
+        raise ValueError(
+            f"task {task.task_id}: prompt has {len(prompt)} tokens; max_total_tokens={budget} "
+            "leaves no room (fewer --shots or a larger budget)"
+        )
+    b = TrajectoryBuilder(traj_id, task.task_id)
+    b.add_prompt(prompt)
+    answer: str | None = None
+    malformed = searches = opens = truncated_obs = 0
+    finish = "max_turns"
+    t_gen = t_tools = 0.0
+    turn = 0
+    max_new = min(a.max_new_tokens, budget - len(prompt))
+    t0 = time.perf_counter()
+    fut = env.engine.submit(prompt, _params(env, max_new, _seed(seed, 0)), request_id=traj_id)
+    try:
+        while True:
+            out: TurnOutput = fut.result()
+            t_gen += time.perf_counter() - t0
+            if out.finish_reason in ("error", "cancelled"):
+                finish = f"engine_{out.finish_reason}"
+                break
+            b.add_actions(
+                out.token_ids,
+                logprob=out.logprob,
+                kept_mass=out.kept_mass,
+                version=out.version,
+                kv_min=out.kv_min,
+                kv_max=out.kv_max,
+                replica=out.replica,
+            )
+            text = tok.decode(out.token_ids, skip_special_tokens=False)
+            parsed = parse(text, a.protocol)
+            if isinstance(parsed, Call) and parsed.name == "answer":
+                answer = parsed.argument
+                b.add_tool_call(ToolCall(turn, "answer", parsed.argument))
+                finish = "answer"
+                break
+            if isinstance(parsed, Malformed):
+                malformed += 1
+                b.add_tool_call(ToolCall(turn, "invalid", parsed.raw, False, parsed.error))
+                obs = format_error(parsed.error)
+            elif searches + opens >= a.max_tool_calls:
+                b.add_tool_call(
+                    ToolCall(turn, parsed.name, parsed.argument, False, "tool call limit")
+                )
+                obs = format_error("tool call limit reached: give your <answer> now")
+            else:
+                obs, call = run_tool(env, parsed)
+                t_tools += call.latency_s
+                searches += parsed.name == "search"
+                opens += parsed.name == "open"
+                b.add_tool_call(
+                    ToolCall(turn, call.name, call.arguments, call.ok, call.error, call.latency_s)
+                )
+            turn += 1
+            if turn >= a.max_turns:
+                finish = "max_turns"
+                break
+            obs_ids, cut = env.codec.ids(obs, out.token_ids)
+            truncated_obs += cut
+            room = budget - len(b) - len(obs_ids)
+            if room < 8:
+                finish = "token_budget"
+                break
+            b.next_turn()
+            b.add_observation(obs_ids)
+            t0 = time.perf_counter()
+            fut = env.engine.submit_continue(
+                traj_id, obs_ids, _params(env, min(a.max_new_tokens, room), _seed(seed, turn))
+            )
+    except EngineError as e:
+        finish = f"engine_rejected: {e}"
+    finally:
+        with contextlib.suppress(EngineError):
+            env.engine.release(traj_id)
+    em = exact_match(answer, task.answers)
+    format_ok = answer is not None and malformed == 0
+    traj = b.build(
+        reward=reward(
+            answer,
+            task.answers,
+            kind=a.reward,
+            format_ok=format_ok,
+            format_penalty=a.format_penalty,
+        ),
+        metrics={
+            "exact_match": em,
+            "f1": token_f1(answer, task.answers),
+            "num_tool_calls": float(searches + opens),
+            "num_searches": float(searches),
+            "num_opens": float(opens),
+            "num_tokens": float(len(b)),
+            "num_action_tokens": float(int(b.build(validate=False).is_action.sum())),
+            "malformed_calls": float(malformed),
+            "turns": float(turn + (finish == "answer")),
+            "answered": float(answer is not None),
+            "truncated_observations": float(truncated_obs),
+            "min_searches": float(task.min_searches),
+            "tier": float(task.tier),
+        },
+        timings={
+            "generation": t_gen,
+            "tools": t_tools,
+            "total": time.perf_counter() - t_start,
+        },
+        sampling=_params(env, a.max_new_tokens, seed),
+        policy=env.policy,
+        tools=env.tools,
+        meta={
+            "question": task.question,
+            "prediction": answer,
+            "answers": task.answers,
+            "tier": task.tier,
+            "kind": task.kind,
+            "split": task.split,
+            "finish": finish,
+            "seed": seed,
+        },
+    )
+    return traj
+
+
+# ----------------------------------------------------------------------------- oracle
+def oracle_trajectory(
+    task: Task,
+    result: OracleResult,
+    tokenizer: Any,
+    agent: AgentConfig,
+    tools: Identity,
+    *,
+    traj_id: str,
+    shots: Sequence[Sequence[Message]] = (),
+) -> Trajectory:
+    """The oracle's dialogue as a trajectory (teacher trace): its turns are actions of a
+    deterministic policy (logprob 0, version 0, kept mass 1), everything else non-action,
+    assembled exactly as :func:`run_episode` assembles a model's episode."""
+    messages = build_messages(task.question, agent.protocol, shots)
+    prompt = chat_ids(tokenizer, messages, add_generation_prompt=True)
+    b = TrajectoryBuilder(traj_id, task.task_id)
+    b.add_prompt(prompt)
+    codec = ObservationCodec(tokenizer, agent)
+    cut = 0
+    for action, obs in result.turns:
+        ids = tokenizer.encode(action, add_special_tokens=False)
+        n = len(ids)
+        b.add_actions(
+            ids, logprob=[0.0] * n, kept_mass=[1.0] * n, version=0, kv_min=0, kv_max=0, replica=0
+        )
+        if obs is None:
+            break
+        obs_ids, was_cut = codec.ids(obs, ids)
+        cut += was_cut
+        b.next_turn()
+        b.add_observation(obs_ids)
+    for j, st in enumerate(task.oracle):
+        b.add_tool_call(ToolCall(j, "search", st.query, True, None, result.latencies[j]))
+    b.add_tool_call(ToolCall(len(task.oracle), "answer", result.answer))
+    em = exact_match(result.answer, task.answers)
+    return b.build(
+        reward=em,
+        metrics={
+            "exact_match": em,
+            "f1": token_f1(result.answer, task.answers),
+            "num_tool_calls": float(result.searches),
+            "num_searches": float(result.searches),
+            "num_opens": 0.0,
+            "num_tokens": float(len(b)),
+            "num_action_tokens": float(int(b.build(validate=False).is_action.sum())),
+            "malformed_calls": 0.0,
+            "turns": float(len(result.turns)),
+            "answered": float(result.solved),
+            "truncated_observations": float(cut),
+            "min_searches": float(task.min_searches),
+            "tier": float(task.tier),
+        },
+        timings={"tools": sum(result.latencies)},
+        sampling=SamplingParams(temperature=0.0),
+        policy=Identity("oracle", "oracle-v1", {"deterministic": True}),
+        tools=tools,
+        meta={
+            "question": task.question,
+            "prediction": result.answer,
+            "answers": task.answers,
+            "tier": task.tier,
+            "kind": task.kind,
+            "split": task.split,
+            "finish": "answer" if result.solved else "oracle_failed",
+            "problems": result.problems,
+        },
+    )

@@ -1,0 +1,268 @@
+"""``provrl eval``: accuracy, pass@k, tool calls and tokens per task, per tier, histogram of K.
+
+For each of N tasks, k episodes are sampled; K = number of exact-match successes. Then
+
+    accuracy   = (1/N) Σ_i K_i / k                            (mean exact match)
+    pass@j     = (1/N) Σ_i [1 − C(k − K_i, j) / C(k, j)]      (unbiased; Chen et al. 2021)
+    hist[K]    = #{i : K_i = K},  K = 0..k
+
+pass@j is reported for j = 1, 2, 4, …, k (and k itself). With the oracle (deterministic)
+every sample of a task is the same, so it runs once per task and counts k times.
+
+Episodes run concurrently — ``concurrency`` agent loops share one engine, so continuous
+batching has work — and every trajectory is appended to ``run_dir/trajectories.jsonl`` as
+it finishes (crash-safe); the summary goes to ``run_dir/eval.json`` and ``metrics.jsonl``.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from collections import defaultdict
+from collections.abc import Sequence
+from concurrent.futures import ThreadPoolExecutor, as_completed
+from math import comb
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from provrl.env.config import EnvConfig
+from provrl.env.prompts import Message, question_message
+from provrl.env.tasks import Task
+from provrl.provenance import Identity, Trajectory
+
+SHOT_TIERS = (1, 2, 3, 4)
+
+
+def pass_at_k(n: int, c: int, k: int) -> float:
+    """Unbiased pass@k from n samples with c successes: 1 − C(n−c, k) / C(n, k)."""
+    if k > n:
+        raise ValueError(f"pass@{k} needs at least {k} samples, got {n}")
+    if n - c < k:
+        return 1.0
+    return 1.0 - comb(n - c, k) / comb(n, k)
+
+
+def select_tasks(tasks: Sequence[Task], n: int, seed: int) -> list[Task]:
+    """``n`` tasks drawn without replacement (seeded), in file order; all if n = 0."""
+    if n <= 0 or n >= len(tasks):
+        return list(tasks)
+    idx = np.sort(np.random.default_rng(seed).choice(len(tasks), n, replace=False))
+    return [tasks[int(i)] for i in idx]
+
+
+def worked_examples(
+    train: Sequence[Task], shots: int, backend: Any, cfg: EnvConfig, exclude: set[str]
+) -> list[list[Message]]:
+    """``shots`` oracle dialogues on train tasks (tiers 1, 2, 3, 4, 1, …), never one whose
+    answer entity is in ``exclude`` (splits are disjoint anyway)."""
+    from provrl.env.oracle import run_oracle
+
+    rng = np.random.default_rng([cfg.eval.seed, 17])
+    out: list[list[Message]] = []
+    for j in range(shots):
+        tier = SHOT_TIERS[j % len(SHOT_TIERS)]
+        pool = [t for t in train if t.tier == tier and t.answer_entity not in exclude]
+        if not pool:
+            raise ValueError(f"no train task of tier {tier} for a worked example")
+        t = pool[int(rng.integers(len(pool)))]
+        r = run_oracle(t, backend, cfg.search.k, cfg.agent.protocol)
+        if not r.solved:
+            raise ValueError(
+                f"worked example {t.task_id} is not solved by the oracle: {r.problems}"
+            )
+        out.append(r.messages(question_message(t.question)))
+    return out
+
+
+def summarize(tasks: Sequence[Task], trajs: Sequence[Trajectory], k: int) -> dict[str, Any]:
+    """The evaluation summary from the trajectories (k per task)."""
+    by_task: dict[str, list[Trajectory]] = defaultdict(list)
+    for t in trajs:
+        by_task[t.task_id].append(t)
+    tier_of = {t.task_id: t.tier for t in tasks}
+    ks = [j for j in (1, 2, 4, 8, 16, 32, 64, 128) if j < k] + [k]
+
+    def block(ids: Sequence[str]) -> dict[str, Any]:
+        if not ids:
+            return {"tasks": 0}
+        succ = [int(sum(x.metrics["exact_match"] for x in by_task[i])) for i in ids]
+        samples = [x for i in ids for x in by_task[i]]
+        m = lambda key: float(np.mean([x.metrics[key] for x in samples]))  # noqa: E731
+        hist = np.bincount(np.asarray(succ), minlength=k + 1)[: k + 1]
+        return {
+            "tasks": len(ids),
+            "samples": len(samples),
+            "accuracy": float(np.mean([c / k for c in succ])),
+            **{f"pass@{j}": float(np.mean([pass_at_k(k, c, j) for c in succ])) for j in ks},
+            "mean_f1": m("f1"),
+            "mean_tool_calls": m("num_tool_calls"),
+            "mean_min_searches": m("min_searches"),
+            "mean_tokens": m("num_tokens"),
+            "mean_action_tokens": m("num_action_tokens"),
+            "mean_malformed_calls": m("malformed_calls"),
+            "answered_rate": m("answered"),
+            "K_histogram": {str(j): int(v) for j, v in enumerate(hist)},
+        }
+
+    ids = [t.task_id for t in tasks]
+    out = block(ids)
+    out["per_tier"] = {
+        str(tier): block([i for i in ids if tier_of[i] == tier]) for tier in (1, 2, 3, 4)
+    }
+    return out
+
+
+def evaluate(
+    policy: str,
+    world_dir: str | os.PathLike[str],
+    cfg: EnvConfig,
+    run_dir: str | os.PathLike[str],
+    *,
+    engine_cfg: Any = None,
+    progress: bool = True,
+    dtype: str = "float32",
+) -> dict[str, Any]:
+    """Evaluate ``policy`` (``oracle``, a model name or a checkpoint dir) on a split."""
+    from provrl.env.agent import AgentEnv, oracle_trajectory, run_episode, tools_identity
+    from provrl.env.build import load_split
+    from provrl.env.latency import LatencyModel, WithLatency
+    from provrl.env.oracle import run_oracle
+    from provrl.report.metrics import MetricsWriter
+    from provrl.trajlog import TrajectoryWriter
+
+    ev, a = cfg.eval, cfg.agent
+    run = Path(run_dir)
+    run.mkdir(parents=True, exist_ok=True)
+    tasks = select_tasks(load_split(world_dir, ev.split), ev.n, ev.seed)
+    if not tasks:
+        raise ValueError(f"{world_dir}: split {ev.split!r} has no tasks")
+    backend: Any = _backend(world_dir, cfg)
+    if cfg.search.latency.kind != "none":
+        backend = WithLatency(backend, LatencyModel(cfg.search.latency), a.tool_timeout_s)
+    tools = tools_identity(backend, cfg.search, a)
+    shots: list[list[Message]] = []
+    if a.shots:
+        shots = worked_examples(
+            load_split(world_dir, "train"), a.shots, backend, cfg, {t.answer_entity for t in tasks}
+        )
+    t0 = time.perf_counter()
+    trajs: list[Trajectory] = []
+    jobs = [(t, s) for t in tasks for s in range(ev.k)]
+    bar = _progress(len(jobs) if policy != "oracle" else len(tasks), policy, progress)
+    with TrajectoryWriter(run / "trajectories.jsonl") as writer:
+        if policy == "oracle":
+            from provrl.models import load_tokenizer
+
+            tok = load_tokenizer("smollm2-135m")
+            for t in tasks:
+                r = run_oracle(t, backend, cfg.search.k, a.protocol)
+                tr = oracle_trajectory(
+                    t, r, tok, a, tools, traj_id=f"{t.task_id}-oracle", shots=shots
+                )
+                writer.write(tr)
+                trajs.extend([tr] * ev.k)
+                bar.update(1)
+            policy_id = Identity("oracle", "oracle-v1", {"deterministic": True})
+        else:
+            from provrl.engine import EngineConfig, LocalEngine
+            from provrl.models import load_model
+
+            lm = load_model(policy, dtype=dtype)
+            ecfg = engine_cfg or EngineConfig(
+                max_seqs=ev.concurrency,
+                max_context=max(a.max_total_tokens + 8, 512),
+                seed=ev.seed,
+                dtype=dtype,
+            )
+            policy_id = Identity(lm.name, lm.fingerprint, {"dtype": dtype})
+            engine = LocalEngine(lm, ecfg)
+            env = AgentEnv(engine, lm.tokenizer, backend, a, cfg.search, policy_id, tools, shots)
+            try:
+                with ThreadPoolExecutor(ev.concurrency) as pool:
+                    futs = [
+                        pool.submit(
+                            run_episode,
+                            env,
+                            t,
+                            traj_id=f"{t.task_id}-s{s}",
+                            seed=_job_seed(ev.seed, t, s),
+                        )
+                        for t, s in jobs
+                    ]
+                    for f in as_completed(futs):
+                        tr = f.result()
+                        writer.write(tr)
+                        trajs.append(tr)
+                        bar.update(1)
+            finally:
+                engine.close()
+    bar.close()
+    wall = time.perf_counter() - t0
+    summary = summarize(tasks, trajs, ev.k)
+    summary = {
+        "policy": policy,
+        "policy_fingerprint": policy_id.fingerprint,
+        "tools_fingerprint": tools.fingerprint,
+        "world": str(world_dir),
+        "split": ev.split,
+        "n": len(tasks),
+        "k": ev.k,
+        "shots": a.shots,
+        "protocol": a.protocol,
+        "temperature": a.temperature if policy != "oracle" else 0.0,
+        **summary,
+        "wall_s": round(wall, 3),
+        "trajectories": str(run / "trajectories.jsonl"),
+    }
+    (run / "eval.json").write_text(json.dumps(summary, indent=2))
+    with MetricsWriter(run, tensorboard=False) as mw:
+        flat = {
+            k: v
+            for k, v in summary.items()
+            if isinstance(v, int | float) and not isinstance(v, bool)
+        }
+        for tier, blk in summary["per_tier"].items():
+            flat.update(
+                {f"tier{tier}/{k}": v for k, v in blk.items() if isinstance(v, int | float)}
+            )
+        mw.log(0, flat, prefix=f"eval/{ev.split}")
+    return summary
+
+
+def _job_seed(seed: int, task: Task, sample: int) -> int:
+    import hashlib
+
+    h = hashlib.sha256(f"{seed}|{task.task_id}|{sample}".encode()).digest()
+    return int.from_bytes(h[:8], "big") >> 1
+
+
+def _backend(world_dir: str | os.PathLike[str], cfg: EnvConfig) -> Any:
+    if cfg.search.backend == "http":
+        from provrl.env.http_search import HttpSearch
+
+        return HttpSearch(cfg.search.url, cfg.agent.tool_timeout_s)
+    from provrl.env.sqlite_index import SqliteSearch, cached_index
+
+    return SqliteSearch(
+        cached_index(world_dir),
+        title_weight=cfg.search.title_weight,
+        snippet_words=cfg.search.snippet_words,
+        open_words=cfg.search.open_words,
+    )
+
+
+class _NoBar:
+    def update(self, n: int) -> None: ...
+
+    def close(self) -> None: ...
+
+
+def _progress(total: int, policy: str, enabled: bool) -> Any:
+    if not enabled:
+        return _NoBar()
+    from tqdm import tqdm
+
+    return tqdm(total=total, desc=f"eval {policy}", unit="traj", dynamic_ncols=True)
