@@ -8,7 +8,7 @@ One episode on one engine request::
         parse the turn's text (tag or Hermes protocol; never raises)
         answer            → stop
         search / open     → run the tool (timeout, latency recorded)
-        malformed         → error observation, counter
+        malformed         → error observation, counter (``max_malformed`` in a row: stop)
         observation ids   = close the assistant turn, a user/tool turn with the
                             (truncated) result, reopen the assistant turn          non-action
         turn t+1          = engine.submit_continue(request, observation ids)      action
@@ -157,7 +157,7 @@ def run_episode(env: AgentEnv, task: Task, *, traj_id: str, seed: int = 0) -> Tr
     b = TrajectoryBuilder(traj_id, task.task_id)
     b.add_prompt(prompt)
     answer: str | None = None
-    malformed = searches = opens = truncated_obs = 0
+    malformed = searches = opens = truncated_obs = streak = n_turns = 0
     finish = "max_turns"
     t_gen = t_tools = 0.0
     turn = 0
@@ -171,6 +171,7 @@ def run_episode(env: AgentEnv, task: Task, *, traj_id: str, seed: int = 0) -> Tr
             if out.finish_reason in ("error", "cancelled"):
                 finish = f"engine_{out.finish_reason}"
                 break
+            n_turns += 1
             b.add_actions(
                 out.token_ids,
                 logprob=out.logprob,
@@ -187,9 +188,13 @@ def run_episode(env: AgentEnv, task: Task, *, traj_id: str, seed: int = 0) -> Tr
                 b.add_tool_call(ToolCall(turn, "answer", parsed.argument))
                 finish = "answer"
                 break
+            streak = streak + 1 if isinstance(parsed, Malformed) else 0
             if isinstance(parsed, Malformed):
                 malformed += 1
                 b.add_tool_call(ToolCall(turn, "invalid", parsed.raw, False, parsed.error))
+                if streak >= a.max_malformed:
+                    finish = "malformed"
+                    break
                 obs = format_error(parsed.error)
             elif searches + opens >= a.max_tool_calls:
                 b.add_tool_call(
@@ -244,7 +249,7 @@ def run_episode(env: AgentEnv, task: Task, *, traj_id: str, seed: int = 0) -> Tr
             "num_tokens": float(len(b)),
             "num_action_tokens": float(int(b.build(validate=False).is_action.sum())),
             "malformed_calls": float(malformed),
-            "turns": float(turn + (finish == "answer")),
+            "turns": float(n_turns),
             "answered": float(answer is not None),
             "truncated_observations": float(truncated_obs),
             "min_searches": float(task.min_searches),

@@ -109,6 +109,13 @@ class AgentConfig(Section):
     )
     max_turns: int = Field(8, ge=1, description="Maximum assistant turns per episode.")
     max_tool_calls: int = Field(6, ge=0, description="Maximum search/open calls per episode.")
+    max_malformed: int = Field(
+        2,
+        ge=1,
+        description="The episode ends after this many malformed turns in a row (each one "
+        "gets an error observation first; a model that ignores the format twice rarely "
+        "recovers, and the turns cost tokens).",
+    )
     max_total_tokens: int = Field(
         1536, ge=64, description="Budget for the whole trajectory (prompt + all turns)."
     )

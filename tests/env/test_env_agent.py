@@ -60,7 +60,7 @@ def engine(tiny):
 
 
 def make_env(engine, tiny, search, **agent):
-    a = AgentConfig(**{"max_new_tokens": 16, "max_turns": 4, **agent})
+    a = AgentConfig(**{"max_new_tokens": 16, "max_turns": 4, "max_malformed": 5, **agent})
     s = SearchConfig()
     return AgentEnv(
         engine,
@@ -120,7 +120,19 @@ def test_behaviour_logprobs_match_teacher_forcing(engine, tiny, small_world, sma
 
 def test_token_budget_and_turn_limits(engine, tiny, small_world, small_search):
     t = load_split(small_world, "dev")[1]
-    env = make_env(engine, tiny, small_search, max_total_tokens=260, max_turns=8, max_new_tokens=40)
+    env = make_env(engine, tiny, small_search, max_turns=8, max_malformed=2)
+    tr = run_episode(env, t, traj_id="mal", seed=1)
+    assert tr.meta["finish"] == "malformed" and tr.metrics["malformed_calls"] == 2
+    assert tr.metrics["turns"] == 2 and [s.kind for s in tr.segments][-1] == "action"
+    env = make_env(
+        engine,
+        tiny,
+        small_search,
+        max_total_tokens=260,
+        max_turns=8,
+        max_new_tokens=40,
+        max_malformed=8,
+    )
     tr = run_episode(env, t, traj_id="budget", seed=1)
     assert len(tr) <= 260 and tr.meta["finish"] in ("token_budget", "max_turns")
     env = make_env(engine, tiny, small_search, max_turns=1)
