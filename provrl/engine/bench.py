@@ -1,0 +1,317 @@
+"""The engine benchmark (``provrl bench engine``, ``benchmarks/engine.py``).
+
+Everything is measured in one process, interleaved, so the shared CPU's load hits the
+peer and us alike; figures are medians over repeats and the headline ratio is the median
+of per-repeat ratios:
+
+* throughput: ``concurrency`` chat prompts, each sampling exactly ``new_tokens`` tokens at
+  temperature 1 (EOS not a stop), through HF ``generate`` (left-padded batch, KV cache,
+  same model/dtype/threads) and through :class:`~provrl.engine.LocalEngine`; wall time
+  includes prefill;
+* roofline: tokens/s = (measured fp32 GFLOP/s of a square matmul) / (2 · params);
+* exactness: the engine's recorded logprobs vs a teacher-forced HF forward;
+* hot-load: keep-mode swaps while every request is in flight (median pause), a plain
+  in-memory copy of the same weights for scale, dropped requests, and the KV-staleness
+  audit (tokens after a swap recomputed from scratch under their version).
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import torch
+
+from provrl.engine.api import TurnOutput
+from provrl.engine.config import EngineConfig
+from provrl.engine.local import LocalEngine
+from provrl.provenance import SamplingParams
+
+QUESTIONS = (
+    "Which river flows through the capital of the country where the Eiffel Tower stands?",
+    "Name a composer who wrote symphonies and explain what a symphony is.",
+    "What is the boiling point of water at sea level, and why does it change with altitude?",
+    "Who painted the Mona Lisa, and in which museum can it be seen today?",
+    "Explain in simple terms how a search engine ranks documents for a query.",
+    "What are the three states of matter? Give an example of each.",
+    "Which planet is known as the red planet and what makes it red?",
+    "Summarise the plot of a famous novel about a white whale.",
+)
+
+
+def bench_prompts(tokenizer: Any, n: int) -> list[list[int]]:
+    """``n`` chat prompts (the model's chat template, so they share its system prompt)."""
+    from provrl.models import chat_ids
+
+    return [
+        chat_ids(tokenizer, [{"role": "user", "content": f"({i}) {QUESTIONS[i % len(QUESTIONS)]}"}])
+        for i in range(n)
+    ]
+
+
+def median(xs: Sequence[float]) -> float:
+    return float(statistics.median(xs))
+
+
+def matmul_gflops(n: int = 2048, repeats: int = 3) -> float:
+    """Measured fp32 GFLOP/s of an n×n×n matmul (median of ``repeats``)."""
+    a, b = torch.randn(n, n), torch.randn(n, n)
+    a @ b  # warm-up
+    times = []
+    for _ in range(repeats):
+        t = time.perf_counter()
+        a @ b
+        times.append(time.perf_counter() - t)
+    return 2 * n**3 / median(times) / 1e9
+
+
+def n_params(model: Any) -> int:
+    """Parameters, each shared tensor counted once (the tied embedding)."""
+    seen, total = set(), 0
+    for p in model.parameters():
+        if p.data_ptr() not in seen:
+            seen.add(p.data_ptr())
+            total += p.numel()
+    return total
+
+
+@torch.no_grad()
+def hf_generate(lm: Any, prompts: list[list[int]], new_tokens: int) -> tuple[int, float]:
+    """(tokens, seconds) of HF ``generate`` sampling exactly ``new_tokens`` per prompt."""
+    tok = lm.tokenizer
+    width = max(len(p) for p in prompts)
+    pad = tok.pad_token_id if tok.pad_token_id is not None else 0
+    ids = torch.tensor([[pad] * (width - len(p)) + p for p in prompts])
+    mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in prompts])
+    t = time.perf_counter()
+    out = lm.model.generate(
+        input_ids=ids,
+        attention_mask=mask,
+        do_sample=True,
+        temperature=1.0,
+        top_k=0,
+        top_p=1.0,
+        max_new_tokens=new_tokens,
+        min_new_tokens=new_tokens,
+        pad_token_id=pad,
+    )
+    dt = time.perf_counter() - t
+    return int((out.shape[1] - width) * out.shape[0]), dt
+
+
+def hf_generate_batch(lm: Any, prompts: list[list[int]], new_tokens: int) -> tuple[int, float]:
+    """(tokens, seconds) of transformers' continuous-batching manager (``generate_batch``)."""
+    from transformers import GenerationConfig
+
+    gc = GenerationConfig(
+        max_new_tokens=new_tokens,
+        do_sample=True,
+        temperature=1.0,
+        top_k=0,
+        top_p=1.0,
+        eos_token_id=-1,
+        pad_token_id=lm.tokenizer.pad_token_id,
+    )
+    t = time.perf_counter()
+    res = lm.model.generate_batch(prompts, generation_config=gc, max_new_tokens=new_tokens)
+    dt = time.perf_counter() - t
+    return sum(len(r.generated_tokens) for r in res.values()), dt
+
+
+def engine_run(
+    engine: LocalEngine, prompts: list[list[int]], new_tokens: int, seed: int
+) -> tuple[list[TurnOutput], float]:
+    """Submit every prompt at once; (outputs, seconds until the last one finished)."""
+    t = time.perf_counter()
+    futs = [
+        engine.submit(p, SamplingParams(temperature=1.0, max_new_tokens=new_tokens, seed=seed + i))
+        for i, p in enumerate(prompts)
+    ]
+    outs = [f.result() for f in futs]
+    dt = time.perf_counter() - t
+    for o in outs:
+        engine.release(o.request_id)
+    return outs, dt
+
+
+@torch.no_grad()
+def logprob_mismatch(lm: Any, prompts: list[list[int]], outs: list[TurnOutput]) -> float:
+    """max |engine logprob − teacher-forced HF logprob| over the sampled tokens."""
+    from provrl.train.logprobs import token_logprobs
+
+    worst = 0.0
+    for p, o in zip(prompts, outs, strict=True):
+        ids = torch.tensor([p + o.token_ids])
+        ref = token_logprobs(lm.model, ids)[0, len(p) :]
+        worst = max(worst, float((ref - torch.from_numpy(o.logprob)).abs().max()))
+    return worst
+
+
+def perturbed(state: dict[str, torch.Tensor], rel: float, seed: int) -> dict[str, torch.Tensor]:
+    """W + rel · std(W) · ε for every tensor: a small, RL-update-sized weight change."""
+    g = torch.Generator().manual_seed(seed)
+    return {
+        k: v + rel * v.float().std() * torch.randn(v.shape, generator=g, dtype=v.dtype)
+        for k, v in state.items()
+    }
+
+
+def copy_ms(pairs: list[tuple[torch.Tensor, torch.Tensor]], repeats: int = 5) -> float:
+    """A plain in-memory copy of the same tensors into fresh buffers (median ms)."""
+    bufs = [torch.empty_like(dst) for dst, _ in pairs]
+    for b, (_, src) in zip(bufs, pairs, strict=True):
+        b.copy_(src)
+    times = []
+    for _ in range(repeats):
+        t = time.perf_counter()
+        for b, (_, src) in zip(bufs, pairs, strict=True):
+            b.copy_(src)
+        times.append(time.perf_counter() - t)
+    return median(times) * 1e3
+
+
+def hotload_phase(
+    engine: LocalEngine,
+    lm: Any,
+    prompts: list[list[int]],
+    new_tokens: int,
+    swaps: int,
+    rel: float,
+    audits: int,
+) -> dict[str, float]:
+    """Keep-mode swaps while all requests are in flight (see the module docstring)."""
+    sd_a = {k: v.detach().clone() for k, v in lm.model.state_dict().items()}
+    sd_b = perturbed(sd_a, rel, seed=1)
+    engine.cfg.audit_fraction = min(1.0, audits / max(len(prompts), 1))
+    v0 = engine.version
+    futs = [
+        engine.submit(
+            p, SamplingParams(temperature=1.0, max_new_tokens=new_tokens, seed=10_000 + i)
+        )
+        for i, p in enumerate(prompts)
+    ]
+    pauses = []
+    for k in range(1, swaps + 1):
+        steps = engine.stats()["steps"]
+        while engine.stats()["steps"] < steps + 2 and not all(f.done() for f in futs):
+            time.sleep(0.005)
+        rep = engine.load_weights(sd_b if k % 2 else sd_a, v0 + k, "keep")
+        pauses.append(rep.update_ms)
+    outs, errors = [], 0
+    for f in futs:
+        try:
+            outs.append(f.result())
+        except Exception:
+            errors += 1
+    dropped = errors + sum(o.finish_reason != "length" for o in outs)
+    for o in outs:
+        engine.release(o.request_id)
+    engine.wait_idle()  # the queued audits run
+    s = engine.stats()
+    pairs = engine.weights.match(sd_a)
+    mixed = sum(int((o.version > o.kv_min).sum()) for o in outs)
+    return {
+        "hotload_update_ms": median(pauses),
+        "hotload_update_ms_all": pauses,  # type: ignore[dict-item]
+        "weight_copy_ms": copy_ms(pairs),
+        "hotload_swaps": float(swaps),
+        "hotload_perturbation_rel": rel,
+        "dropped_requests": float(dropped),
+        "tokens_with_older_kv": float(mixed),
+        "kv_staleness_mean_abs": s["kv_staleness_mean_abs"],
+        "kv_staleness_max_abs": s["kv_staleness_max_abs"],
+        "kv_staleness_samples": s["kv_staleness_samples"],
+        "kv_staleness_support_misses": s["kv_staleness_support_misses"],
+    }
+
+
+def run_engine_benchmark(
+    model: str = "smollm2-135m",
+    concurrency: int = 64,
+    new_tokens: int = 128,
+    repeats: int = 3,
+    threads: int = 0,
+    swaps: int = 5,
+    hotload_tokens: int = 32,
+    perturb: float = 1e-3,
+    audits: int = 8,
+    prefix_cache: bool = True,
+    hf_continuous_batching: bool = False,
+    progress: Callable[[str], None] | None = None,
+) -> dict[str, Any]:
+    """Run the whole benchmark and return the JSON-able result."""
+    from provrl.models import load_model
+
+    say = progress or (lambda _msg: None)
+    if threads:
+        torch.set_num_threads(threads)
+    lm = load_model(model)
+    prompts = bench_prompts(lm.tokenizer, concurrency)
+    params = n_params(lm.model)
+    cfg = EngineConfig(
+        max_seqs=concurrency,
+        max_context=max(len(p) for p in prompts) + max(new_tokens, hotload_tokens) + 8,
+        eos_stops=False,
+        prefix_cache=prefix_cache,
+    )
+    engine = LocalEngine(lm, cfg)
+    say("warm-up")
+    hf_generate(lm, prompts[:4], 4)
+    engine_run(engine, prompts[:4], 4, seed=0)
+
+    eng_tps, hf_tps, ratios, gflops = [], [], [], []
+    first_outs: list[TurnOutput] = []
+    hits = 0.0
+    for r in range(repeats):
+        gflops.append(matmul_gflops())
+        order = ("hf", "engine") if r % 2 == 0 else ("engine", "hf")
+        res: dict[str, float] = {}
+        for who in order:
+            say(f"repeat {r + 1}/{repeats}: {who}")
+            if who == "hf":
+                n, dt = hf_generate(lm, prompts, new_tokens)
+            else:
+                hits0 = engine.stats()["prefix_hit_tokens"]
+                outs, dt = engine_run(engine, prompts, new_tokens, seed=1000 * r)
+                n = sum(len(o.token_ids) for o in outs)
+                hits = engine.stats()["prefix_hit_tokens"] - hits0
+                first_outs = first_outs or outs
+            res[who] = n / dt
+        eng_tps.append(res["engine"])
+        hf_tps.append(res["hf"])
+        ratios.append(res["engine"] / res["hf"])
+    roof = median(gflops) * 1e9 / (2 * params)
+    result: dict[str, Any] = {
+        "model": model,
+        "dtype": "float32",
+        "threads": torch.get_num_threads(),
+        "concurrency": concurrency,
+        "new_tokens": new_tokens,
+        "prompt_tokens_mean": sum(map(len, prompts)) / len(prompts),
+        "prefix_cache": prefix_cache,
+        "prefix_hit_fraction": hits / sum(map(len, prompts)),
+        "repeats": repeats,
+        "tokens_per_s": median(eng_tps),
+        "hf_generate_tokens_per_s": median(hf_tps),
+        "ratio_vs_hf": median(ratios),
+        "params": params,
+        "matmul_gflops": median(gflops),
+        "roofline_tokens_per_s": roof,
+        "roofline_fraction": median(eng_tps) / roof,
+        "tokens_per_s_all": eng_tps,
+        "hf_generate_tokens_per_s_all": hf_tps,
+        "ratio_vs_hf_all": ratios,
+    }
+    say("exactness")
+    result["logprob_mismatch_max_abs"] = logprob_mismatch(lm, prompts[:8], first_outs[:8])
+    if hf_continuous_batching:
+        say("transformers continuous batching")
+        n, dt = hf_generate_batch(lm, prompts, new_tokens)
+        result["hf_continuous_batching_tokens_per_s"] = n / dt
+    say("hot-load")
+    result.update(hotload_phase(engine, lm, prompts, hotload_tokens, swaps, perturb, audits))
+    result["hotload_vs_copy"] = result["hotload_update_ms"] / result["weight_copy_ms"]
+    engine.close()
+    return result

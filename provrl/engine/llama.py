@@ -1,0 +1,393 @@
+r"""A slim Llama forward for batched decode + chunked prefill over a slotted KV cache.
+
+The maths is HF's ``LlamaForCausalLM`` (SmolLM2, the tiny test model), written for one
+scheduler step in which N tokens of many requests go through the network together::
+
+    x⁰      = E[tokens]                                            [N, D]
+    for each layer l:
+      h     = RMSNorm(x) = g ⊙ x / sqrt(mean(x²) + ε)
+      q,k,v = h W_qkvᵀ                (one fused matmul)            [N, (H + 2H_kv)·d]
+      q,k   = RoPE(q, pos), RoPE(k, pos)
+      K,V[slot, :, pos] ← k, v        (write this step's keys/values into the cache)
+      o     = softmax(q Kᵀ / √d + causal mask) V   per request, GQA: query head h reads
+                                                   KV head ⌊h / (H/H_kv)⌋, never repeated
+      x     = x + o W_oᵀ
+      h     = RMSNorm(x)
+      x     = x + (SiLU(h W_gateᵀ) ⊙ h W_upᵀ) W_downᵀ   (gate and up fused in one matmul)
+    logits  = RMSNorm(x[rows]) W_lmᵀ  only for the rows that sample a token
+
+Decode rows (one token per running request) are the first ``n_decode`` rows and belong to
+slots ``0 … n_decode-1`` (the scheduler keeps running requests packed at the front of the
+cache), so their attention is one batched SDPA over the cache view ``K[:B, :, :L_max]``:
+the G = H/H_kv query heads that share a KV head are laid out as G "query positions" of
+that KV head, which is GQA without copying K/V. Prefill chunks (several tokens of one
+request at positions ``start … start+n-1``) attend causally to their own slot.
+
+The weights are the engine's own copy, fused once (``W_qkv``, ``W_gate_up``) and refreshed
+in place by :meth:`LlamaWeights.load_` on every hot-load. The tests check the logprobs
+against HF's forward (``provrl.train.logprobs.token_logprobs``) to ≤ 1e-4 in fp32.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+
+from provrl.engine.api import EngineError
+
+
+# ----------------------------------------------------------------------------- shape
+@dataclass(frozen=True)
+class LlamaShape:
+    """The architecture numbers of a Llama-family causal LM."""
+
+    vocab_size: int
+    hidden: int  # D
+    n_layers: int
+    n_heads: int  # H
+    n_kv_heads: int  # H_kv
+    head_dim: int  # d
+    intermediate: int  # F (the MLP width)
+    eps: float
+    tied: bool
+
+    @property
+    def q_dim(self) -> int:
+        return self.n_heads * self.head_dim
+
+    @property
+    def kv_dim(self) -> int:
+        return self.n_kv_heads * self.head_dim
+
+    @property
+    def n_params(self) -> int:
+        """Parameter count (the tied embedding counted once)."""
+        D, F_ = self.hidden, self.intermediate
+        per_layer = D * (self.q_dim + 2 * self.kv_dim) + self.q_dim * D + 3 * D * F_ + 2 * D
+        head = 0 if self.tied else self.vocab_size * D
+        return self.vocab_size * D + self.n_layers * per_layer + D + head
+
+    @classmethod
+    def from_config(cls, cfg: Any) -> LlamaShape:
+        """Read an HF ``LlamaConfig``; reject what this forward does not implement."""
+        unsupported = []
+        if getattr(cfg, "hidden_act", "silu") != "silu":
+            unsupported.append(f"hidden_act={cfg.hidden_act!r}")
+        if getattr(cfg, "attention_bias", False):
+            unsupported.append("attention_bias=True")
+        if getattr(cfg, "mlp_bias", False):
+            unsupported.append("mlp_bias=True")
+        if unsupported:
+            raise EngineError(
+                f"model {getattr(cfg, 'name_or_path', '?')!r}: the local engine supports "
+                f"Llama-family models without biases; unsupported: {', '.join(unsupported)}"
+            )
+        heads = int(cfg.num_attention_heads)
+        kv_heads = int(getattr(cfg, "num_key_value_heads", None) or heads)
+        head_dim = int(getattr(cfg, "head_dim", None) or cfg.hidden_size // heads)
+        if heads % kv_heads:
+            raise EngineError(f"num_attention_heads={heads} not a multiple of {kv_heads=}")
+        return cls(
+            vocab_size=int(cfg.vocab_size),
+            hidden=int(cfg.hidden_size),
+            n_layers=int(cfg.num_hidden_layers),
+            n_heads=heads,
+            n_kv_heads=kv_heads,
+            head_dim=head_dim,
+            intermediate=int(cfg.intermediate_size),
+            eps=float(cfg.rms_norm_eps),
+            tied=bool(getattr(cfg, "tie_word_embeddings", False)),
+        )
+
+
+# ----------------------------------------------------------------------------- weights
+@dataclass
+class LayerWeights:
+    input_norm: torch.Tensor  # [D]
+    w_qkv: torch.Tensor  # [(H + 2 H_kv) d, D]: rows q | k | v
+    w_o: torch.Tensor  # [D, H d]
+    post_norm: torch.Tensor  # [D]
+    w_gate_up: torch.Tensor  # [2F, D]: rows gate | up
+    w_down: torch.Tensor  # [D, F]
+
+
+@dataclass
+class LlamaWeights:
+    """The engine's own copy of the parameters, in fused layout."""
+
+    shape: LlamaShape
+    embed: torch.Tensor  # [V, D]
+    layers: list[LayerWeights]
+    norm: torch.Tensor  # [D]
+    lm_head: torch.Tensor  # [V, D]; the same tensor as ``embed`` when tied
+    _targets: dict[str, torch.Tensor] = field(default_factory=dict, repr=False)
+
+    @classmethod
+    def empty(cls, shape: LlamaShape, device: str, dtype: torch.dtype) -> LlamaWeights:
+        def t(*size: int) -> torch.Tensor:
+            return torch.empty(*size, device=device, dtype=dtype)
+
+        S, D, F_ = shape, shape.hidden, shape.intermediate
+        embed = t(S.vocab_size, D)
+        layers = [
+            LayerWeights(
+                t(D), t(S.q_dim + 2 * S.kv_dim, D), t(D, S.q_dim), t(D), t(2 * F_, D), t(D, F_)
+            )
+            for _ in range(S.n_layers)
+        ]
+        lm_head = embed if S.tied else t(S.vocab_size, D)
+        return cls(shape, embed, layers, t(D), lm_head)
+
+    @classmethod
+    def from_hf(cls, model: Any, device: str, dtype: torch.dtype) -> LlamaWeights:
+        """Copy an HF Llama model's parameters into a new fused layout."""
+        w = cls.empty(LlamaShape.from_config(model.config), device, dtype)
+        w.load_(model.state_dict())
+        return w
+
+    def targets(self) -> dict[str, torch.Tensor]:
+        """HF parameter name → the view of the fused tensors it is copied into."""
+        if self._targets:
+            return self._targets
+        S, F_ = self.shape, self.shape.intermediate
+        out: dict[str, torch.Tensor] = {"model.embed_tokens.weight": self.embed}
+        for i, lw in enumerate(self.layers):
+            p = f"model.layers.{i}."
+            q, kv = S.q_dim, S.kv_dim
+            out[p + "self_attn.q_proj.weight"] = lw.w_qkv[:q]
+            out[p + "self_attn.k_proj.weight"] = lw.w_qkv[q : q + kv]
+            out[p + "self_attn.v_proj.weight"] = lw.w_qkv[q + kv :]
+            out[p + "self_attn.o_proj.weight"] = lw.w_o
+            out[p + "mlp.gate_proj.weight"] = lw.w_gate_up[:F_]
+            out[p + "mlp.up_proj.weight"] = lw.w_gate_up[F_:]
+            out[p + "mlp.down_proj.weight"] = lw.w_down
+            out[p + "input_layernorm.weight"] = lw.input_norm
+            out[p + "post_attention_layernorm.weight"] = lw.post_norm
+        out["model.norm.weight"] = self.norm
+        if not S.tied:
+            out["lm_head.weight"] = self.lm_head
+        self._targets = out
+        return out
+
+    def match(
+        self, state_dict: Mapping[str, Any], source: str = "state dict"
+    ) -> list[tuple[torch.Tensor, torch.Tensor]]:
+        """Pair every target view with its source tensor; raise :class:`EngineError` naming
+        the key on a missing / unexpected key or a shape mismatch. Nothing is modified."""
+        targets = self.targets()
+        ignorable = {"lm_head.weight"} if self.shape.tied else set()
+        unexpected = sorted(k for k in state_dict if k not in targets and k not in ignorable)
+        missing = sorted(k for k in targets if k not in state_dict)
+        if missing:
+            raise EngineError(
+                f"{source}: missing {len(missing)} weight(s), e.g. {missing[:3]} "
+                f"(expected HF Llama parameter names)"
+            )
+        if unexpected:
+            raise EngineError(f"{source}: unexpected key(s) {unexpected[:3]}")
+        pairs = []
+        for name, dst in targets.items():
+            src = state_dict[name]
+            if not isinstance(src, torch.Tensor):
+                raise EngineError(f"{source}: {name!r} is a {type(src).__name__}, not a tensor")
+            if tuple(src.shape) != tuple(dst.shape):
+                raise EngineError(
+                    f"{source}: {name!r} has shape {tuple(src.shape)}, "
+                    f"the engine's model has {tuple(dst.shape)}"
+                )
+            pairs.append((dst, src))
+        return pairs
+
+    @torch.no_grad()
+    def load_(self, state_dict: Mapping[str, Any], source: str = "state dict") -> None:
+        """Validate, then copy every tensor into place (casting dtype/device as needed)."""
+        for dst, src in self.match(state_dict, source):
+            dst.copy_(src)
+
+    @torch.no_grad()
+    def copy_pairs_(self, pairs: list[tuple[torch.Tensor, torch.Tensor]]) -> None:
+        """The in-place copy of already-matched pairs (what a hot-load pauses for)."""
+        for dst, src in pairs:
+            dst.copy_(src)
+
+
+# ----------------------------------------------------------------------------- rope
+@dataclass
+class Rope:
+    """cos and sin⁻ = (−sin₁, sin₂) tables [max_context, d] (HF's rotary embedding
+    evaluated once at every position)."""
+
+    cos: torch.Tensor
+    sin_signed: torch.Tensor
+
+    @classmethod
+    def from_hf(cls, model: Any, max_context: int, device: str, dtype: torch.dtype) -> Rope:
+        rotary = model.model.rotary_emb
+        d = LlamaShape.from_config(model.config).head_dim
+        pos = torch.arange(max_context, device=rotary.inv_freq.device)[None]
+        probe = torch.zeros(1, 1, d, dtype=torch.float32, device=rotary.inv_freq.device)
+        with torch.no_grad():
+            cos, sin = rotary(probe, pos)
+        sin_signed = torch.cat((-sin[0, :, : d // 2], sin[0, :, d // 2 :]), dim=-1)
+        return cls(cos[0].to(device, dtype), sin_signed.to(device, dtype))
+
+
+def rotate_half(x: torch.Tensor) -> torch.Tensor:
+    """(x₁, x₂) ↦ (−x₂, x₁) on the two halves of the last dimension (HF's definition)."""
+    x1, x2 = x.chunk(2, dim=-1)
+    return torch.cat((-x2, x1), dim=-1)
+
+
+def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin_signed: torch.Tensor) -> torch.Tensor:
+    """RoPE(x) = x ⊙ cos + rotate_half(x) ⊙ sin for x [N, heads, d], cos [N, 1, d].
+
+    Written as x ⊙ cos + swap(x) ⊙ sin⁻ with swap(x₁, x₂) = (x₂, x₁) and
+    sin⁻ = (−sin₁, sin₂), which is rotate_half(x) ⊙ sin term by term (three ops)."""
+    n, h, d = x.shape
+    swapped = x.view(n, h, 2, d // 2).flip(2).view(n, h, d)
+    return torch.addcmul(x * cos, swapped, sin_signed)
+
+
+def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    """g ⊙ x / sqrt(mean(x²) + ε), in fp32 like HF's LlamaRMSNorm (one fused op)."""
+    if x.dtype == torch.float32:
+        return F.rms_norm(x, (x.shape[-1],), weight, eps)
+    xf = x.float()
+    xf = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps)
+    return weight * xf.to(x.dtype)
+
+
+# ----------------------------------------------------------------------------- KV cache
+def _lazy_zeros(shape: tuple[int, ...], dtype: torch.dtype, device: str) -> torch.Tensor:
+    """Zeros whose pages the OS commits only when written (calloc via NumPy) on CPU."""
+    if device != "cpu":
+        return torch.zeros(shape, dtype=dtype, device=device)
+    np_dtype = {torch.float32: np.float32, torch.float16: np.float16}.get(dtype, np.uint16)
+    t = torch.from_numpy(np.zeros(shape, dtype=np_dtype))
+    return t if t.dtype == dtype else t.view(dtype)
+
+
+class KVCache:
+    """K and V of every slot: ``[layers, slots, H_kv, max_context, d]``."""
+
+    def __init__(self, shape: LlamaShape, n_slots: int, max_context: int, device: str,
+                 dtype: torch.dtype) -> None:  # fmt: skip
+        size = (shape.n_layers, n_slots, shape.n_kv_heads, max_context, shape.head_dim)
+        self.k = _lazy_zeros(size, dtype, device)
+        self.v = _lazy_zeros(size, dtype, device)
+        self.n_slots = n_slots
+        self.max_context = max_context
+
+    def swap(self, a: int, b: int, len_a: int, len_b: int) -> None:
+        """Exchange the first ``len_a`` / ``len_b`` positions of slots a and b."""
+        for t in (self.k, self.v):
+            tmp = t[:, a, :, :len_a].clone()
+            t[:, a, :, :len_b] = t[:, b, :, :len_b]
+            t[:, b, :, :len_a] = tmp
+
+    def move(self, src: int, dst: int, n: int) -> None:
+        """Copy the first ``n`` positions of slot ``src`` into slot ``dst``."""
+        for t in (self.k, self.v):
+            t[:, dst, :, :n] = t[:, src, :, :n]
+
+    def nbytes_per_token(self) -> int:
+        return 2 * self.k[:, 0, :, 0].numel() * self.k.element_size()
+
+
+# ----------------------------------------------------------------------------- one step
+@dataclass
+class Chunk:
+    """A prefill chunk: ``n`` tokens of slot ``slot`` at positions ``start … start+n-1``,
+    occupying rows ``row … row+n-1`` of the step."""
+
+    slot: int
+    start: int
+    row: int
+    n: int
+
+
+@dataclass
+class StepInputs:
+    tokens: torch.Tensor  # [N] int64
+    positions: torch.Tensor  # [N] int64
+    slots: torch.Tensor  # [N] int64
+    n_decode: int  # rows 0 … n_decode-1 are decode rows of slots 0 … n_decode-1
+    chunks: list[Chunk]
+    logit_rows: torch.Tensor  # [R] int64 rows whose next-token logits are needed
+
+
+def attention(q: torch.Tensor, kv: KVCache, layer: int, x: StepInputs,
+              decode_mask: torch.Tensor | None) -> torch.Tensor:  # fmt: skip
+    """Causal attention of this step's queries q [N, H, d] over the cache → [N, H·d]."""
+    N, H, d = q.shape
+    Hkv = kv.k.shape[2]
+    G = H // Hkv
+    K, V = kv.k[layer], kv.v[layer]
+    B = x.n_decode
+    od = None
+    if B:
+        assert decode_mask is not None
+        L = decode_mask.shape[-1]
+        # GQA without repeat: the G query heads of one KV head act as G query rows of it.
+        qd = q[:B].view(B, Hkv, G, d)
+        od = F.scaled_dot_product_attention(qd, K[:B, :, :L], V[:B, :, :L], attn_mask=decode_mask)
+        if not x.chunks:
+            return od.view(B, H * d)
+    out = torch.empty(N, H, d, dtype=q.dtype, device=q.device)
+    if od is not None:
+        out[:B] = od.view(B, H, d)
+    for c in x.chunks:
+        qs = q[c.row : c.row + c.n].transpose(0, 1)[None]  # [1, H, n, d]
+        Ks = K[c.slot, :, : c.start + c.n][None]  # [1, Hkv, start+n, d]
+        Vs = V[c.slot, :, : c.start + c.n][None]
+        if c.start == 0:
+            os_ = F.scaled_dot_product_attention(qs, Ks, Vs, is_causal=True, enable_gqa=True)
+        else:
+            i = torch.arange(c.n, device=q.device)[:, None] + c.start
+            j = torch.arange(c.start + c.n, device=q.device)[None, :]
+            os_ = F.scaled_dot_product_attention(qs, Ks, Vs, attn_mask=j <= i, enable_gqa=True)
+        out[c.row : c.row + c.n] = os_[0].transpose(0, 1)
+    return out.view(N, H * d)
+
+
+def mlp_block(h: torch.Tensor, post_norm: torch.Tensor, w_gate_up: torch.Tensor,
+              w_down: torch.Tensor, eps: float, intermediate: int) -> torch.Tensor:  # fmt: skip
+    """x + (SiLU(h W_gateᵀ) ⊙ h W_upᵀ) W_downᵀ with h = RMSNorm(x) (the part of a layer
+    that ``EngineConfig.compile`` hands to torch.compile)."""
+    gu = rms_norm(h, post_norm, eps) @ w_gate_up.t()
+    act = F.silu(gu[:, :intermediate]).mul_(gu[:, intermediate:])
+    return torch.addmm(h, act, w_down.t())
+
+
+@torch.no_grad()
+def forward(
+    w: LlamaWeights, kv: KVCache, rope: Rope, x: StepInputs, mlp: Callable[..., Any] = mlp_block
+) -> torch.Tensor:
+    """Run one scheduler step; write this step's K/V; return fp32 logits [R, V]."""
+    S = w.shape
+    N = x.tokens.shape[0]
+    H, Hkv, d = S.n_heads, S.n_kv_heads, S.head_dim
+    qk_dim = S.q_dim + S.kv_dim
+    h = F.embedding(x.tokens, w.embed)
+    cos = rope.cos[x.positions][:, None, :]  # [N, 1, d]
+    sin = rope.sin_signed[x.positions][:, None, :]
+    decode_mask = None
+    if x.n_decode:
+        lens = x.positions[: x.n_decode] + 1
+        L = int(lens.max())
+        decode_mask = (torch.arange(L, device=lens.device)[None, :] < lens[:, None])[:, None, None]
+    for layer, lw in enumerate(w.layers):
+        qkv = rms_norm(h, lw.input_norm, S.eps) @ lw.w_qkv.t()
+        qk = apply_rope(qkv[:, :qk_dim].view(N, H + Hkv, d), cos, sin)  # q and k at once
+        kv.k[layer][x.slots, :, x.positions] = qk[:, H:]
+        kv.v[layer][x.slots, :, x.positions] = qkv[:, qk_dim:].view(N, Hkv, d)
+        o = attention(qk[:, :H], kv, layer, x, decode_mask)
+        h = torch.addmm(h, o, lw.w_o.t())  # x + o W_oᵀ
+        h = mlp(h, lw.post_norm, lw.w_gate_up, lw.w_down, S.eps, S.intermediate)
+    last = rms_norm(h[x.logit_rows], w.norm, S.eps)
+    return (last @ w.lm_head.t()).float()
