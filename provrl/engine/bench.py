@@ -150,7 +150,8 @@ def logprob_mismatch(lm: Any, prompts: list[list[int]], outs: list[TurnOutput]) 
 
 
 def perturbed(state: dict[str, torch.Tensor], rel: float, seed: int) -> dict[str, torch.Tensor]:
-    """W + rel · std(W) · ε for every tensor: a small, RL-update-sized weight change."""
+    """W + rel · std(W) · ε for every tensor: a small, RL-update-sized weight change.
+    (A tied ``lm_head.weight`` is ignored by the engine: the embedding is the head.)"""
     g = torch.Generator().manual_seed(seed)
     return {
         k: v + rel * v.float().std() * torch.randn(v.shape, generator=g, dtype=v.dtype)

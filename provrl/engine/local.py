@@ -355,6 +355,7 @@ class LocalEngine:
                 queued=float(states.count("queued")),
                 idle=float(states.count("idle")),
                 slots_used=float(sum(o is not None for o in self._slot_owner)),
+                hotloads_pending=float(len(self._hotloads)),
                 tokens_per_s=c["tokens_generated"] / max(elapsed, 1e-9),
                 kv_staleness_mean_abs=c["kv_staleness_sum_abs"] / n if n else float("nan"),
             )

@@ -67,7 +67,7 @@ def kept_set(z: torch.Tensor, top_k: torch.Tensor, top_p: torch.Tensor) -> KeptS
     is decided: a top-k row needs n ≥ k; a row with k = 0 needs Σ_{head} π ≥ p."""
     R, V = z.shape
     z = z.float()
-    log_z = torch.logsumexp(z, -1).double()
+    log_z = torch.logsumexp(z.double(), -1)
     k_eff = torch.where(top_k > 0, top_k.clamp(max=V), torch.full_like(top_k, V))
     p = top_p.double()
     n = min(V, max(64, int(k_eff[top_k > 0].max()) if bool((top_k > 0).any()) else 64))
