@@ -40,14 +40,10 @@ def _group_stats(
     rewards are all equal (max = min). Sums are accumulated in float64."""
     g, n_groups = _group_index(group_ids)
     r = rewards.double()
-    size = torch.zeros(n_groups, dtype=torch.float64).index_add_(0, g, torch.ones_like(r))
-    total = torch.zeros(n_groups, dtype=torch.float64).index_add_(0, g, r)
-    hi = torch.full((n_groups,), -torch.inf, dtype=torch.float64).scatter_reduce(
-        0, g, r, reduce="amax"
-    )
-    lo = torch.full((n_groups,), torch.inf, dtype=torch.float64).scatter_reduce(
-        0, g, r, reduce="amin"
-    )
+    size = r.new_zeros(n_groups).index_add_(0, g, torch.ones_like(r))
+    total = r.new_zeros(n_groups).index_add_(0, g, r)
+    hi = r.new_full((n_groups,), -torch.inf).scatter_reduce(0, g, r, reduce="amax")
+    lo = r.new_full((n_groups,), torch.inf).scatter_reduce(0, g, r, reduce="amin")
     return size[g], total[g], (total / size)[g], (hi == lo)[g]
 
 
@@ -75,7 +71,7 @@ def group_advantages(
     centred = rewards.double() - mean
     if std_normalise:
         g, n_groups = _group_index(group_ids)
-        sq = torch.zeros(n_groups, dtype=torch.float64).index_add_(0, g, centred**2)
+        sq = centred.new_zeros(n_groups).index_add_(0, g, centred**2)
         std = (sq[g] / (size - 1).clamp_min(1)).sqrt()
         centred = centred / (std + eps)
     return torch.where(flat, 0.0, centred).to(rewards.dtype)
@@ -133,7 +129,7 @@ def zero_signal_fraction(rewards: torch.Tensor, group_ids: torch.Tensor) -> dict
     _check(rewards, group_ids)
     g, n_groups = _group_index(group_ids)
     _, _, _, flat = _group_stats(rewards, group_ids)
-    flat_groups = torch.zeros(n_groups, dtype=torch.bool).index_put_((g,), flat)
+    flat_groups = torch.zeros(n_groups, dtype=torch.bool, device=flat.device).index_put_((g,), flat)
     return {
         "zero_signal_group_frac": float(flat_groups.double().mean()) if n_groups else 0.0,
         "zero_signal_traj_frac": float(flat.double().mean()) if flat.numel() else 0.0,

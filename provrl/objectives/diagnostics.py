@@ -82,7 +82,7 @@ def ratio_quantiles(
     if not m.any():
         return {}
     rho = torch.exp((logp.double() - logq.double())[m].clamp(-50, 50))
-    qv = torch.quantile(rho, torch.tensor(list(qs), dtype=torch.float64))
+    qv = torch.quantile(rho, torch.tensor(list(qs), dtype=torch.float64, device=rho.device))
     out = {f"ratio_q{round(q * 100):02d}": float(v) for q, v in zip(qs, qv, strict=True)}
     out["ratio_min"] = float(rho.min())
     out["ratio_max"] = float(rho.max())
@@ -154,14 +154,15 @@ def support_excluded_mass(
     mass: E_q[w f] = E_π[f · 1{τ ⊆ supp q}]."""
     lead = logits.shape[:-1]
     V = logits.shape[-1]
-    tp = torch.as_tensor(top_p, dtype=torch.float64).expand(lead)
-    tk = torch.as_tensor(top_k, dtype=torch.int64).expand(lead)
-    temp = torch.as_tensor(temperature, dtype=torch.float64).expand(lead)
+    dev = logits.device
+    tp = torch.as_tensor(top_p, dtype=torch.float64, device=dev).expand(lead)
+    tk = torch.as_tensor(top_k, dtype=torch.int64, device=dev).expand(lead)
+    temp = torch.as_tensor(temperature, dtype=torch.float64, device=dev).expand(lead)
     temp = torch.where(temp > 0, temp, 1.0)
     p = torch.softmax(logits.double() / temp[..., None], dim=-1)
     ps, _ = torch.sort(p, dim=-1, descending=True)
     k = torch.where((tk > 0) & (tk < V), tk, V)
-    rank = torch.arange(V).expand_as(ps)
+    rank = torch.arange(V, device=dev).expand_as(ps)
     in_k = rank < k[..., None]
     topk_mass = torch.where(in_k, ps, 0.0).sum(-1, keepdim=True)
     before = torch.cumsum(torch.where(in_k, ps, 0.0), dim=-1) - torch.where(in_k, ps, 0.0)

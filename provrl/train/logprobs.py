@@ -133,8 +133,9 @@ def token_logprobs_chunked(
     t_rows = temp[rows]
     want_support = top_p is not None or top_k is not None
     if want_support:
-        tp = torch.as_tensor(1.0 if top_p is None else top_p, dtype=torch.float64)
-        tk = torch.as_tensor(0 if top_k is None else top_k, dtype=torch.int64)
+        dev = input_ids.device
+        tp = torch.as_tensor(1.0 if top_p is None else top_p, dtype=torch.float64, device=dev)
+        tk = torch.as_tensor(0 if top_k is None else top_k, dtype=torch.int64, device=dev)
         tp_rows = tp.expand(B)[rows] if tp.ndim <= 1 else tp[rows, cols]
         tk_rows = tk.expand(B)[rows] if tk.ndim <= 1 else tk[rows, cols]
 

@@ -26,10 +26,11 @@ The model stays in eval mode (no dropout): π_θ must be the policy the engine s
 from __future__ import annotations
 
 import copy
+import dataclasses
 import math
 import time
 from collections.abc import Iterator, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from typing import Any
 
 import numpy as np
@@ -60,6 +61,17 @@ class RLBatch:
     top_k: torch.Tensor  # [B] int64 sampling top_k (0 = off)
     kv_stale_frac: float  # action tokens that attended to KV older than their version
     traj_ids: list[str] = field(default_factory=list)
+
+    def to(self, device: torch.device) -> RLBatch:
+        """The same batch with every tensor on ``device`` (the model's)."""
+        tb = dataclasses.replace(
+            self.tb, **{f.name: getattr(self.tb, f.name).to(device) for f in fields(self.tb)}
+        )
+        moved = {
+            name: getattr(self, name).to(device)
+            for name in ("advantages", "token_advantages", "group_ids", "temperature")
+        }
+        return dataclasses.replace(self, tb=tb, **moved)
 
     @property
     def size(self) -> int:
@@ -139,7 +151,7 @@ def prepare_batch(
 def micro_batches(rows: torch.Tensor, lengths: torch.Tensor, size: int) -> list[torch.Tensor]:
     """Split ``rows`` into groups of ≤ ``size`` rows of similar length (less padding); each
     group is returned in ascending row order."""
-    order = rows[torch.argsort(lengths[rows], stable=True)]
+    order = rows[torch.argsort(lengths[rows].cpu(), stable=True)]
     return [chunk.sort().values for chunk in order.split(size)]
 
 
@@ -173,11 +185,12 @@ class StepResult:
 
 
 class RLTrainer:
-    """GRPO / PPO-style / TRPO updates of a causal LM from provenance trajectories.
+    """GRPO / PPO-style / TRPO updates of a causal LM from provenance trajectories::
 
-    >>> trainer = RLTrainer(lm.model, RLConfig(), pad_token_id=lm.tokenizer.pad_token_id)
-    >>> result = trainer.step(trajectories)            # doctest: +SKIP
-    >>> engine.load_weights(result.state_dict, result.version, "keep")  # doctest: +SKIP
+    trainer = RLTrainer(lm.model, RLConfig(), pad_token_id=lm.tokenizer.pad_token_id,
+                        version=engine.version, metrics=MetricsWriter(run_dir))
+    result = trainer.step(trajectories)       # grouped by task_id for GRPO
+    engine.load_weights(result.state_dict, result.version, "keep")
     """
 
     def __init__(
@@ -197,6 +210,7 @@ class RLTrainer:
         self.metrics = metrics
         self.optimizer_steps = 0
         self.vocab_size = int(model.get_output_embeddings().weight.shape[0])
+        self.device = next(model.parameters()).device
         self.params = [p for p in model.parameters() if p.requires_grad]
         if not self.params:
             raise ValueError("the model has no trainable parameters")
@@ -225,6 +239,7 @@ class RLTrainer:
             vocab_size=self.vocab_size,
             cfg=self.cfg.advantages,
         )
+        batch = batch.to(self.device)
         prox = self.proximal_pass(batch)
         metrics |= self.diagnostics(batch, prox)
         if self.cfg.optimizer == "trpo":
@@ -245,7 +260,7 @@ class RLTrainer:
         if self.metrics is not None:
             self.metrics.log(self.version, metrics, prefix="rl")
             lags = self.version - 1 - batch.tb.versions[batch.mask]
-            self.metrics.log_histogram(self.version, "rl/version_lag", lags.numpy())
+            self.metrics.log_histogram(self.version, "rl/version_lag", lags.cpu().numpy())
         state = {k: v.detach().to("cpu", copy=True) for k, v in self.model.state_dict().items()}
         return StepResult(self.version, state, metrics)
 
@@ -255,11 +270,12 @@ class RLTrainer:
         """Teacher-forced statistics of the current weights, in micro-batches."""
         cfg, tb = self.cfg, batch.tb
         B, T = tb.input_ids.shape
-        logprobs = torch.zeros(B, T)
-        entropy = torch.zeros(B, T) if cfg.entropy else None
+        zeros = tb.behaviour_logprobs.new_zeros
+        logprobs = zeros(B, T)
+        entropy = zeros(B, T) if cfg.entropy else None
         truncated = bool(((batch.top_p < 1) | (batch.top_k > 0)).any())
-        excluded = torch.zeros(B, T) if cfg.support_diagnostic and truncated else None
-        ref = torch.zeros(B, T) if self.ref_model is not None else None
+        excluded = zeros(B, T) if cfg.support_diagnostic and truncated else None
+        ref = zeros(B, T) if self.ref_model is not None else None
         full: list[torch.Tensor] = []
         for rows in self._micro(torch.arange(B), batch, sort=False):
             ids, attn, act, L = self._slice(batch, rows)
@@ -412,7 +428,7 @@ class RLTrainer:
         totals: dict[str, float] = {}
 
         def surrogate() -> torch.Tensor:
-            total = torch.zeros(())
+            total = torch.zeros((), device=self.device)
             totals.clear()
             for rows in self._micro(all_rows, batch, sort=False):
                 out = self._micro_loss(batch, prox, rows, weights, objective)
@@ -451,7 +467,7 @@ class RLTrainer:
         assert prox.log_softmax is not None
         per_row = batch.mask.sum(-1)
         start = torch.cumsum(per_row, 0) - per_row
-        total, count = torch.zeros(()), 0
+        total, count = torch.zeros((), device=self.device), 0
         for micro in self._micro(rows, batch, sort=False):
             idx = torch.cat(
                 [torch.arange(int(start[r]), int(start[r] + per_row[r])) for r in micro]
