@@ -132,15 +132,23 @@ def bench_log(
 # ----------------------------------------------------------------------------- demo
 @app.command("demo")
 def demo(
-    model: Annotated[str, typer.Option(help="Policy model name or dir.")] = "smollm2-135m",
-    run_dir: Annotated[Path, typer.Option(help="Where trajectories are written.")] = Path(
-        "runs/demo"
-    ),
+    config: Annotated[str, typer.Option(help="Preset in configs/ or a YAML path.")] = "default",
+    overrides: Annotated[
+        list[str] | None,
+        typer.Option("--set", help="Override a config key, e.g. --set demo.tasks=4 (repeat)."),
+    ] = None,
 ) -> None:
-    """The main job on the embedded defaults (what `make demo` runs)."""
+    """The main job on the embedded defaults (what `make demo` runs): world, oracle check,
+    SmolLM2 agent rollouts on the engine, a GRPO step hot-loaded mid-flight, provenance report."""
+    from provrl.config import dump_config, load_config
     from provrl.demo import run_demo
+    from provrl.run_config import RunConfig
 
-    run_demo(model=model, run_dir=run_dir)
+    cfg = load_config(RunConfig, config, overrides or [])
+    run_dir = Path(cfg.logging.run_dir)
+    run_dir.mkdir(parents=True, exist_ok=True)
+    (run_dir / "config.yaml").write_text(dump_config(cfg))
+    run_demo(cfg)
 
 
 if __name__ == "__main__":

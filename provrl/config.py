@@ -5,6 +5,9 @@ each field with ``Field(description=...)``. A run is configured by::
 
     cfg = load_config(RunConfig, "quick", ["model.name=tiny", "rl.lr=1e-5"])
 
+(``RunConfig``, the whole run, is in :mod:`provrl.run_config`; each room defines its own
+sections — ``EngineConfig``, ``EnvConfig``, ``RLConfig``, … — on top of :class:`Section`.)
+
 ``preset`` is a name in ``configs/`` (``quick`` → ``configs/quick.yaml``) or a path. An
 override ``a.b.c=value`` parses ``value`` as YAML (so ``1e-5``, ``true``, ``[1, 2]`` work).
 Errors name the key and where it came from (the file or the command line).
@@ -17,7 +20,7 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, ValidationError
 
 CONFIG_DIR = Path(__file__).resolve().parent.parent / "configs"
 
@@ -30,27 +33,6 @@ class Section(BaseModel):
     """Base of all config classes: unknown keys are errors, assignments are validated."""
 
     model_config = ConfigDict(extra="forbid", validate_assignment=True, frozen=False)
-
-
-class ModelConfig(Section):
-    name: str = Field("smollm2-135m", description="Model name (smollm2-135m, tiny) or HF path.")
-    dtype: str = Field("float32", description="Parameter dtype: float32, bfloat16 or float16.")
-    device: str = Field("cpu", description="torch device: cpu, cuda, cuda:1, …")
-    seed: int = Field(0, description="Seed for random initialisation (the tiny model).")
-
-
-class LoggingConfig(Section):
-    run_dir: str = Field("runs/default", description="Directory for logs, metrics, plots.")
-    tensorboard: bool = Field(True, description="Also write TensorBoard event files.")
-    progress: bool = Field(True, description="Show progress bars (rich/tqdm).")
-
-
-class RunConfig(Section):
-    """The whole run: one section per room."""
-
-    model: ModelConfig = Field(default_factory=ModelConfig, description="Policy model.")
-    logging: LoggingConfig = Field(default_factory=LoggingConfig, description="Outputs.")
-    seed: int = Field(0, description="Global seed (python, numpy, torch).")
 
 
 C = TypeVar("C", bound=BaseModel)

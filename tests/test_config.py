@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from provrl.config import ConfigError, RunConfig, load_config, parse_overrides
+from provrl.config import ConfigError, load_config, parse_overrides
+from provrl.run_config import RunConfig
 
 
 def test_overrides_parse_yaml_values():

@@ -13,7 +13,10 @@ from provrl.provenance import Trajectory
 VERSION_STYLES = ["bold green", "bold cyan", "bold magenta", "bold yellow", "bold blue", "bold red"]
 
 
-def _decoder(tokenizer: str) -> Any:
+def token_decoder(tokenizer: Any) -> Any:
+    """ids → one string per token, from a tokenizer object or name (ids shown if none)."""
+    if not isinstance(tokenizer, str):
+        return lambda ids: [tokenizer.decode([i]) for i in ids]
     try:
         from provrl.models import load_tokenizer
 
@@ -41,6 +44,56 @@ def header(traj: Trajectory) -> str:
     return "\n".join(lines)
 
 
+def print_trajectory(
+    console: Any, traj: Trajectory, decode: Any, *, table: bool = False, max_tokens: int = 200
+) -> None:
+    """Print one trajectory: a header, then its text (actions coloured by version, other
+    tokens dim) or, with ``table``, one row per token with every provenance field."""
+    from rich.table import Table
+    from rich.text import Text
+
+    console.rule(f"[bold]{traj.traj_id}")
+    console.print(header(traj), highlight=False)
+    pieces = decode(traj.token_id.tolist())
+    if table:
+        t = Table("t", "token", "action", "version", "logprob", "kept_mass", "kv", "replica")
+        for i in range(min(len(traj), max_tokens)):
+            a = bool(traj.is_action[i])
+            lp = float(traj.logprob[i])
+            t.add_row(
+                str(i),
+                repr(pieces[i]),
+                "✓" if a else "",
+                str(traj.version[i]) if a else "",
+                "" if math.isnan(lp) else f"{lp:.4f}",
+                f"{traj.kept_mass[i]:.4f}" if a else "",
+                f"{traj.kv_min[i]}..{traj.kv_max[i]}" if a else "",
+                str(traj.replica[i]) if a else "",
+                style=VERSION_STYLES[traj.version[i] % len(VERSION_STYLES)] if a else "dim",
+            )
+        console.print(t)
+    else:
+        text = Text()
+        for i, piece in enumerate(pieces):
+            if traj.is_action[i]:
+                text.append(piece, style=VERSION_STYLES[traj.version[i] % len(VERSION_STYLES)])
+            else:
+                text.append(piece, style="dim")
+        console.print(text)
+        legend = ", ".join(f"[{s}]v{v}[/{s}]" for v, s in enumerate(VERSION_STYLES))
+        console.print(
+            f"[dim]dim = prompt / tool / template tokens;[/dim] colour = action tokens by "
+            f"policy version ({legend}, …)"
+        )
+    for call in traj.tool_calls:
+        status = "ok" if call.ok else f"error: {call.error}"
+        console.print(
+            f"  turn {call.turn}: {call.name}({call.arguments!r}) {status} "
+            f"[{call.latency_s * 1000:.1f} ms]",
+            highlight=False,
+        )
+
+
 def show_trajectories(
     path: str | os.PathLike[str],
     *,
@@ -50,52 +103,10 @@ def show_trajectories(
     tokenizer: str = "smollm2-135m",
 ) -> None:
     from rich.console import Console
-    from rich.table import Table
-    from rich.text import Text
 
     from provrl.trajlog import read_trajectories
 
     console = Console()
-    decode = _decoder(tokenizer)
+    decode = token_decoder(tokenizer)
     for traj in itertools.islice(read_trajectories(path, strict=False), limit):
-        console.rule(f"[bold]{traj.traj_id}")
-        console.print(header(traj), highlight=False)
-        pieces = decode(traj.token_id.tolist())
-        if table:
-            t = Table("t", "token", "action", "version", "logprob", "kept_mass", "kv", "replica")
-            for i in range(min(len(traj), max_tokens)):
-                a = bool(traj.is_action[i])
-                lp = float(traj.logprob[i])
-                t.add_row(
-                    str(i),
-                    repr(pieces[i]),
-                    "✓" if a else "",
-                    str(traj.version[i]) if a else "",
-                    "" if math.isnan(lp) else f"{lp:.4f}",
-                    f"{traj.kept_mass[i]:.4f}" if a else "",
-                    f"{traj.kv_min[i]}..{traj.kv_max[i]}" if a else "",
-                    str(traj.replica[i]) if a else "",
-                    style=VERSION_STYLES[traj.version[i] % len(VERSION_STYLES)] if a else "dim",
-                )
-            console.print(t)
-        else:
-            text = Text()
-            for i, piece in enumerate(pieces):
-                if traj.is_action[i]:
-                    text.append(piece, style=VERSION_STYLES[traj.version[i] % len(VERSION_STYLES)])
-                else:
-                    text.append(piece, style="dim")
-            console.print(text)
-            console.print(
-                "[dim]dim = prompt / tool / template tokens;[/dim] colour = action tokens by "
-                "policy version ("
-                + ", ".join(f"[{s}]v{v}[/{s}]" for v, s in enumerate(VERSION_STYLES))
-                + ", …)"
-            )
-        for call in traj.tool_calls:
-            status = "ok" if call.ok else f"error: {call.error}"
-            console.print(
-                f"  turn {call.turn}: {call.name}({call.arguments!r}) {status} "
-                f"[{call.latency_s * 1000:.1f} ms]",
-                highlight=False,
-            )
+        print_trajectory(console, traj, decode, table=table, max_tokens=max_tokens)

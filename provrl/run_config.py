@@ -1,0 +1,62 @@
+"""The whole run's configuration: one typed section per room (presets in ``configs/``).
+
+>>> from provrl.config import load_config
+>>> cfg = load_config(RunConfig, "quick", ["rl.lr=1e-5"])
+"""
+
+from __future__ import annotations
+
+from pydantic import Field
+
+from provrl.classic.train import ClassicTRPOConfig
+from provrl.config import Section
+from provrl.engine.config import EngineConfig
+from provrl.env.config import EnvConfig
+from provrl.theory.config import TheoryConfig
+from provrl.train.config import RLConfig
+
+
+class ModelConfig(Section):
+    name: str = Field("smollm2-135m", description="Model name (smollm2-135m, tiny) or HF path.")
+    dtype: str = Field("float32", description="Parameter dtype: float32, bfloat16 or float16.")
+    device: str = Field("cpu", description="torch device: cpu, cuda, cuda:1, …")
+    seed: int = Field(0, description="Seed for random initialisation (the tiny model).")
+
+
+class LoggingConfig(Section):
+    run_dir: str = Field("runs/default", description="Directory for logs, metrics, plots.")
+    tensorboard: bool = Field(True, description="Also write TensorBoard event files.")
+    progress: bool = Field(True, description="Show progress bars (rich/tqdm).")
+
+
+class DemoConfig(Section):
+    """``provrl demo`` / ``make demo``: rollouts with a mid-flight hot-load (provrl/demo.py)."""
+
+    tasks: int = Field(8, ge=1, description="Single-hop (tier-1) dev tasks to roll out.")
+    k: int = Field(4, ge=2, description="Samples per task: one GRPO group per task.")
+    concurrency: int = Field(
+        16, ge=1, description="Agent loops running at once on the engine (continuous batching)."
+    )
+    train_groups: int = Field(
+        2, ge=1, description="Finished groups the GRPO step trains on before the hot-load."
+    )
+    oracle_tasks: int = Field(32, ge=1, description="Test tasks the oracle solves as a check.")
+    max_episodes: int = Field(
+        256, ge=1, description="Safety cap on episodes started while the trainer runs."
+    )
+
+
+class RunConfig(Section):
+    """The whole run: one section per room. Presets live in ``configs/*.yaml``."""
+
+    model: ModelConfig = Field(default_factory=ModelConfig, description="Policy model.")
+    engine: EngineConfig = Field(default_factory=EngineConfig, description="Rollout engine.")
+    env: EnvConfig = Field(default_factory=EnvConfig, description="Search-agent environment.")
+    rl: RLConfig = Field(default_factory=RLConfig, description="RL trainer (GRPO/PPO/TRPO).")
+    theory: TheoryConfig = Field(default_factory=TheoryConfig, description="Theory lab.")
+    classic: ClassicTRPOConfig = Field(
+        default_factory=ClassicTRPOConfig, description="TRPO on gymnasium control."
+    )
+    demo: DemoConfig = Field(default_factory=DemoConfig, description="The demo job.")
+    logging: LoggingConfig = Field(default_factory=LoggingConfig, description="Outputs.")
+    seed: int = Field(0, description="Global seed (python, numpy, torch).")
