@@ -16,7 +16,9 @@ def bench_engine(
     concurrency: Annotated[int, typer.Option(help="Requests in flight at once.")] = 64,
     new_tokens: Annotated[int, typer.Option(help="Tokens sampled per request.")] = 128,
     repeats: Annotated[int, typer.Option(help="Interleaved HF/engine repeats (median).")] = 3,
-    threads: Annotated[int, typer.Option(help="torch threads for both (0 = default).")] = 0,
+    threads: Annotated[
+        int, typer.Option(help="torch intra-op threads for both sides (0 = torch default).")
+    ] = 1,
     swaps: Annotated[int, typer.Option(help="Keep-mode hot-loads in the hot-load phase.")] = 5,
     hotload_tokens: Annotated[
         int, typer.Option(help="Tokens per request in the hot-load phase.")

@@ -357,6 +357,7 @@ class LocalEngine:
                 slots_used=float(sum(o is not None for o in self._slot_owner)),
                 hotloads_pending=float(len(self._hotloads)),
                 tokens_per_s=c["tokens_generated"] / max(elapsed, 1e-9),
+                busy_tokens_per_s=c["tokens_generated"] / max(c["busy_s"], 1e-9),
                 kv_staleness_mean_abs=c["kv_staleness_sum_abs"] / n if n else float("nan"),
             )
         return c
@@ -528,7 +529,7 @@ class LocalEngine:
                 t0 = time.perf_counter()
                 logits = forward(self.weights, self.kv, self.rope, plan.inputs, self._mlp)
                 temperature, top_k, top_p = plan.params
-                out = sample(logits, temperature, top_k, top_p, plan.u)
+                out = sample(logits.cpu(), temperature, top_k, top_p, plan.u)
                 with self._cv:
                     self._apply(plan, out.token.tolist(), out.logprob.tolist(),
                                 out.kept_mass.tolist())  # fmt: skip
@@ -847,7 +848,7 @@ class LocalEngine:
             logits = forward(self.weights, self.kv, self.rope, x, self._mlp)
             k = len(a.positions)
             fresh = behaviour_logprob(
-                logits,
+                logits.cpu(),
                 torch.tensor([a.ids[t] for t in a.positions]),
                 torch.full((k,), a.params.temperature),
                 torch.full((k,), a.params.top_k, dtype=torch.int64),
