@@ -265,3 +265,12 @@ def test_failure_in_the_scheduler_fails_the_futures(make_engine, prompts, monkey
     assert boom.is_set()
     with pytest.raises(EngineError, match="failed"):
         eng.submit(prompts[0], GREEDY)
+
+
+@pytest.mark.slow
+def test_compiled_mlp_gives_the_same_tokens(make_engine, prompts, tiny, teacher):
+    """EngineConfig.compile (torch.compile of the MLP block; ~35 s warm-up on CPU)."""
+    eng = make_engine(compile=True)
+    out = generate(eng, prompts[0], SamplingParams(temperature=1.0, max_new_tokens=8, seed=0))
+    ref = teacher(tiny.model, prompts[0] + out.token_ids)[len(prompts[0]) :]
+    np.testing.assert_allclose(out.logprob, ref.numpy(), atol=1e-4)
