@@ -115,6 +115,9 @@ def eval_cmd(
     split: Annotated[str, typer.Option(help="train / dev / test.")] = _E.split,
     n: Annotated[int, typer.Option(help="Number of tasks (0 = the whole split).")] = _E.n,
     k: Annotated[int, typer.Option(help="Samples per task.")] = _E.k,
+    tiers: Annotated[
+        str, typer.Option(help="Comma-separated tiers to keep, e.g. '1' or '1,2' (default all).")
+    ] = "",
     shots: Annotated[int, typer.Option(help="Worked examples in the prompt.")] = _A.shots,
     world_dir: Annotated[
         Path | None, typer.Option("--world", help="World directory (default: the default world).")
@@ -160,11 +163,19 @@ def eval_cmd(
             max_total_tokens=max_total_tokens,
             max_new_tokens=max_new_tokens,
         ),
-        eval=EvalConfig(split=split, n=n, k=k, concurrency=concurrency, seed=seed),  # type: ignore[arg-type]
+        eval=EvalConfig(
+            split=split,  # type: ignore[arg-type]
+            n=n,
+            k=k,
+            tiers=tuple(int(x) for x in tiers.split(",") if x.strip()),
+            concurrency=concurrency,
+            seed=seed,
+        ),
     )
     wd = _resolve_world(world_dir, _W.seed, None, _W.docs, _W.tasks)
     name = Path(policy).name if Path(policy).exists() else policy
-    rd = run_dir or Path("runs") / "eval" / f"{name}-{split}-n{n}-k{k}-shots{shots}"
+    tag = f"-tiers{tiers.replace(',', '')}" if tiers else ""
+    rd = run_dir or Path("runs") / "eval" / f"{name}-{split}{tag}-n{n}-k{k}-shots{shots}"
     summary = evaluate(policy, wd, cfg, rd, progress=not as_json, dtype=dtype)
     if as_json:
         typer.echo(json.dumps(summary))

@@ -148,6 +148,9 @@ class EvalConfig(Section):
 
     split: Literal["train", "dev", "test"] = Field("dev", description="Task split to evaluate.")
     n: int = Field(0, ge=0, description="Number of tasks (0 = all of the split).")
+    tiers: tuple[int, ...] = Field(
+        (), description="Only tasks of these tiers (empty = every tier), chosen before n."
+    )
     k: int = Field(1, ge=1, description="Samples per task (K = successes out of k).")
     concurrency: int = Field(
         16, ge=1, description="Agent loops running at once (continuous batching needs work)."

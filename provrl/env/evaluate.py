@@ -104,6 +104,7 @@ def summarize(tasks: Sequence[Task], trajs: Sequence[Trajectory], k: int) -> dic
             "mean_action_tokens": m("num_action_tokens"),
             "mean_malformed_calls": m("malformed_calls"),
             "answered_rate": m("answered"),
+            "searched_rate": float(np.mean([x.metrics["num_searches"] > 0 for x in samples])),
             "K_histogram": {str(j): int(v) for j, v in enumerate(hist)},
         }
 
@@ -113,6 +114,23 @@ def summarize(tasks: Sequence[Task], trajs: Sequence[Trajectory], k: int) -> dic
         str(tier): block([i for i in ids if tier_of[i] == tier]) for tier in (1, 2, 3, 4)
     }
     return out
+
+
+def summarize_run(run_dir: str | os.PathLike[str]) -> dict[str, Any]:
+    """Recompute a finished run's summary from its ``trajectories.jsonl`` (e.g. after adding
+    a statistic); the settings come from its ``eval.json``."""
+    from provrl.env.build import load_split
+    from provrl.trajlog import read_all
+
+    run = Path(run_dir)
+    old = json.loads((run / "eval.json").read_text())
+    trajs = read_all(run / "trajectories.jsonl")
+    ids = {t.task_id for t in trajs}
+    tasks = [t for t in load_split(old["world"], old["split"]) if t.task_id in ids]
+    if old["policy"] == "oracle":
+        trajs = [t for t in trajs for _ in range(old["k"])]
+    keep = {k: v for k, v in old.items() if k not in ("per_tier",) and not k.startswith("pass@")}
+    return {**keep, **summarize(tasks, trajs, old["k"]), "wall_s": old["wall_s"]}
 
 
 def evaluate(
@@ -136,7 +154,8 @@ def evaluate(
     ev, a = cfg.eval, cfg.agent
     run = Path(run_dir)
     run.mkdir(parents=True, exist_ok=True)
-    tasks = select_tasks(load_split(world_dir, ev.split), ev.n, ev.seed)
+    candidates = [t for t in load_split(world_dir, ev.split) if not ev.tiers or t.tier in ev.tiers]
+    tasks = select_tasks(candidates, ev.n, ev.seed)
     if not tasks:
         raise ValueError(f"{world_dir}: split {ev.split!r} has no tasks")
     backend: Any = _backend(world_dir, cfg)
@@ -208,6 +227,7 @@ def evaluate(
         "tools_fingerprint": tools.fingerprint,
         "world": str(world_dir),
         "split": ev.split,
+        "tiers": list(ev.tiers),
         "n": len(tasks),
         "k": ev.k,
         "shots": a.shots,

@@ -96,6 +96,25 @@ def test_cli_world_and_oracle_eval(tmp_path):
     s = json.loads(r.output)
     assert s["accuracy"] == 1.0 and s["mean_tool_calls"] == s["mean_min_searches"]
     r = runner.invoke(
+        app,
+        [
+            "eval",
+            "--world",
+            str(w),
+            "--split",
+            "train",
+            "--tiers",
+            "3",
+            "--n",
+            "5",
+            "--json",
+            "--run-dir",
+            str(tmp_path / "r3"),
+        ],
+    )
+    s = json.loads(r.output)
+    assert s["tasks"] == 5 and s["per_tier"]["3"]["tasks"] == 5 and s["mean_min_searches"] >= 3
+    r = runner.invoke(
         app, ["world", "--out", str(w), "--docs", "300", "--entities", "150", "--json"]
     )
     assert r.exit_code != 0 and "exists" in str(r.exception)
