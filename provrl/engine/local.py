@@ -107,7 +107,8 @@ class _HotLoad:
     mode: HotLoadMode
     future: Future[HotLoadReport]
     t_call: float
-    in_flight: int = -1
+    in_flight: int
+    """Requests the engine held when load_weights was called."""
 
 
 @dataclass
@@ -338,7 +339,8 @@ class LocalEngine:
                 raise EngineError(
                     f"load_weights: version {version} must be newer than version {last}"
                 )
-            self._hotloads.append(_HotLoad(pairs, int(version), mode, fut, t_call))
+            alive = len(self._requests)  # generating, queued or between turns
+            self._hotloads.append(_HotLoad(pairs, int(version), mode, fut, t_call, alive))
             self._cv.notify_all()
         return fut.result()
 
@@ -746,8 +748,6 @@ class LocalEngine:
             return
         h = self._hotloads[0]
         active = sum(r.state == "active" for r in self._requests.values())
-        if h.in_flight < 0:
-            h.in_flight = active + sum(r.state == "idle" for r in self._requests.values())
         if h.mode == "drain" and active:
             return  # keep stepping the in-flight turns under the old weights
         self._hotloads.popleft()
@@ -759,9 +759,9 @@ class LocalEngine:
         if h.mode == "recompute":
             recomputed = self._recompute_all()
         elif h.mode == "drain":
-            for req in list(self._slot_owner):
-                if req is not None and req.state == "idle":
-                    self._evict(req)  # reset the prefix caches: nothing old survives
+            for req in list(self._slot_owner):  # nothing is active now: idle or queued
+                if req is not None:
+                    self._evict(req)  # reset the caches: no old KV survives the swap
         t1 = time.perf_counter()
         self._counters["hotloads"] += 1
         self._counters["recomputed_tokens"] += recomputed

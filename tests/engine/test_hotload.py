@@ -118,6 +118,7 @@ def test_drain_finishes_in_flight_turns_on_the_old_weights(
 ):
     eng = make_engine()
     new = helpers.perturbed(tiny, 0.05, seed=3)
+    done = eng.submit(prompts[6], SamplingParams(max_new_tokens=2, seed=6)).result(timeout=60)
     futs = [eng.submit(p, params(i)) for i, p in enumerate(prompts[:4])]
     wait_tokens(eng, 10)
     reports = []
@@ -126,13 +127,16 @@ def test_drain_finishes_in_flight_turns_on_the_old_weights(
     while eng.stats()["hotloads_pending"] < 1 and loader.is_alive():
         time.sleep(0.001)
     late = eng.submit(prompts[5], params(5))  # arrives during the drain: waits for v1
+    cont = eng.submit_continue(done.request_id, [9], params(6))  # queued with its old KV
     loader.join(120)
     (rep,) = reports
-    assert rep.mode == "drain" and rep.in_flight == 4
+    assert rep.mode == "drain" and rep.in_flight == 5  # 4 generating + 1 between turns
     outs = [f.result(timeout=10) for f in futs]
     assert all(o.finish_reason == "length" and (o.version == 0).all() for o in outs)
     late_out = late.result(timeout=60)
     assert (late_out.version == 1).all() and (late_out.kv_min == 1).all()
+    cont_out = cont.result(timeout=60)  # its old KV was dropped: re-prefilled under v1
+    assert (cont_out.version == 1).all() and (cont_out.kv_min == 1).all()
     models = {0: tiny, 1: helpers.with_state(tiny, new, "v1")}
     check_exact(outs, prompts[:4], models, teacher, only_pure_kv=False)
     check_exact([late_out], prompts[5:6], models, teacher, only_pure_kv=False)
