@@ -153,6 +153,12 @@ def run_demo(cfg: RunConfig) -> dict[str, Any]:
                 train_fut = learner.submit(trainer.step, batch)
             if train_fut is not None and train_fut.done() and not hotload:
                 step = train_fut.result()
+                # swap while requests are mid-generation, so their next tokens are
+                # sampled under the new version on KV computed by the old one
+                while len(running) < d.concurrency:
+                    start_one()
+                while engine.stats()["active"] == 0 and not all(f.done() for f in running):
+                    time.sleep(0.002)
                 rep = engine.load_weights(step.state_dict, step.version, mode="keep")
                 hotload = {
                     "new_version": rep.new_version,

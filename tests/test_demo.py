@@ -24,11 +24,11 @@ def test_demo_quick_runs_end_to_end_and_mixes_versions(tmp_path):
     assert len(trajs) == summary["episodes_started"]  # nothing dropped
     versions = np.concatenate([t.version[t.is_action] for t in trajs])
     assert set(versions.tolist()) == {0, 1}
-    # a trajectory that straddles the swap: v0 tokens first, then v1 tokens on the old KV
+    for t in trajs:  # versions never go back within a trajectory
+        assert np.all(np.diff(t.version[t.is_action]) >= 0)
+    # the swap happened mid-generation: tokens sampled under v1 attended to v0's KV
+    stale = [t for t in trajs if np.any(t.kv_min[t.is_action] < t.version[t.is_action])]
+    assert stale and summary["stale_kv_fraction"] > 0
     mixed = [t for t in trajs if len(set(t.version[t.is_action].tolist())) == 2]
-    assert mixed and summary["mixed_version_trajectories"] == len(mixed)
-    for t in mixed:
-        v = t.version[t.is_action]
-        assert np.all(np.diff(v) >= 0)
-        assert t.kv_min[t.is_action][v == 1].min() == 0  # attended to version-0 KV
+    assert summary["mixed_version_trajectories"] == len(mixed)
     assert (tmp_path / "config.yaml").exists() and (tmp_path / "metrics.jsonl").exists()

@@ -1,7 +1,14 @@
 """Rollout engine: continuous batching, exact per-token provenance, hot-load.
 
 ``from provrl.engine import LocalEngine, Router, EngineConfig`` — see docs/engine.md.
+
+``LocalEngine`` and ``Router`` (which import torch) are loaded on first access, so that
+importing ``provrl.engine.cli`` — and with it ``provrl --help`` — stays instant.
 """
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
 
 from provrl.engine.api import (
     Engine,
@@ -13,8 +20,10 @@ from provrl.engine.api import (
     generate,
 )
 from provrl.engine.config import EngineConfig
-from provrl.engine.local import LocalEngine
-from provrl.engine.router import Router
+
+if TYPE_CHECKING:
+    from provrl.engine.local import LocalEngine
+    from provrl.engine.router import Router
 
 __all__ = [
     "Engine",
@@ -28,3 +37,15 @@ __all__ = [
     "TurnOutput",
     "generate",
 ]
+
+
+def __getattr__(name: str) -> Any:
+    if name == "LocalEngine":
+        from provrl.engine.local import LocalEngine
+
+        return LocalEngine
+    if name == "Router":
+        from provrl.engine.router import Router
+
+        return Router
+    raise AttributeError(f"module 'provrl.engine' has no attribute {name!r}")
