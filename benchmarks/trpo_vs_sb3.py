@@ -6,11 +6,11 @@ first alternates), so machine load hits both alike. sb3-contrib uses the tuned
 hyperparameters of rl-baselines3-zoo (hyperparams/trpo.yml), written out in SB3_ZOO below;
 provrl uses its presets (provrl.classic.train.ENV_PRESETS).
 
-Returns are deterministic-policy evaluation means over ``--eval-episodes`` fresh seeded
-episodes per trained agent (provrl.classic.evaluate.run_episodes, the same protocol for
+Returns are deterministic-policy evaluation means over ``--eval-episodes`` (20) fresh seeded
+episodes per trained agent (the same episodes for both sides, seed by seed) (provrl.classic.evaluate.run_episodes, the same protocol for
 both), averaged over the seeds. Wall time is the training call (environment and model
-construction included, evaluation excluded), median over the seeds; time_ratio = provrl /
-sb3. Target: provrl_return ≥ sb3_return on every environment and time_ratio ≤ 0.5.
+construction included, evaluation excluded), median over the seeds (5); time_ratio =
+provrl / sb3. An untimed 2k-step warm-up of both sides precedes each environment. Target: provrl_return ≥ sb3_return on every environment and time_ratio ≤ 0.5.
 
 Prints ``{"envs": {"CartPole-v1": {"provrl_return": …, "sb3_return": …, "provrl_wall_s": …,
 "sb3_wall_s": …, "time_ratio": …, …}, …}, …}``. ``--quick`` is a smoke run (10k steps,
@@ -107,8 +107,8 @@ def run_sb3(env_id: str, steps: int, seed: int, eval_episodes: int) -> tuple[flo
 def run_benchmark(
     envs: list[str] = ENVS,
     steps: int = 100_000,
-    seeds: int = 3,
-    eval_episodes: int = 10,
+    seeds: int = 5,
+    eval_episodes: int = 20,
     verbose: bool = True,
 ) -> dict[str, Any]:
     """Train both sides on every environment and seed, interleaved; return the JSON dict."""
@@ -117,6 +117,9 @@ def run_benchmark(
 
     out: dict[str, Any] = {"envs": {}}
     for env_id in envs:
+        # warm-up, untimed: first-call costs (imports, env registration, allocator) hit neither
+        run_provrl(env_id, 2048, 0, 1)
+        run_sb3(env_id, 2048, 0, 1)
         rows: dict[str, list[float]] = {k: [] for k in ("pr", "pw", "sr", "sw")}
         for seed in range(seeds):
             sides = [("p", run_provrl), ("s", run_sb3)]
@@ -166,8 +169,8 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
     ap.add_argument("--envs", nargs="+", default=ENVS, help="gymnasium env ids")
     ap.add_argument("--steps", type=int, default=100_000, help="environment steps per run")
-    ap.add_argument("--seeds", type=int, default=3, help="seeds 0 … n−1 per environment")
-    ap.add_argument("--eval-episodes", type=int, default=10, help="evaluation episodes per agent")
+    ap.add_argument("--seeds", type=int, default=5, help="seeds 0 … n−1 per environment")
+    ap.add_argument("--eval-episodes", type=int, default=20, help="evaluation episodes per agent")
     ap.add_argument("--quick", action="store_true", help="smoke run: 10k steps, one seed")
     ap.add_argument("--json", action="store_true", help="print JSON only (progress on stderr)")
     args = ap.parse_args()

@@ -52,6 +52,11 @@ class ClassicTRPOConfig(Section):
     activation: Literal["tanh", "relu"] = Field("tanh", description="MLP activation.")
     log_std_init: float = Field(0.0, description="Initial log σ of Gaussian policies.")
     normalize_obs: bool = Field(True, description="Normalise observations by running stats.")
+    normalize_rewards: bool = Field(
+        True,
+        description="Divide rewards by the running std of the discounted return (learning "
+        "signal only; logged returns stay raw).",
+    )
     normalize_advantages: bool = Field(True, description="Standardise Â over the batch.")
     vf_lr: float = Field(1e-3, gt=0, description="Adam learning rate of the value function.")
     vf_epochs: int = Field(10, ge=0, description="Passes over the batch to fit V per iteration.")
@@ -60,11 +65,12 @@ class ClassicTRPOConfig(Section):
     torch_threads: int = Field(1, ge=1, description="torch.set_num_threads (1: small nets).")
 
 
-# Tuned for 100k steps (the trpo_vs_sb3 benchmark); see docs/trpo.md for how.
+# Tuned for 100k steps on training seeds 10-23 (the benchmark uses seeds 0-2); docs/trpo.md
+# has the record. Everything else is the ClassicTRPOConfig default.
 ENV_PRESETS: dict[str, dict[str, Any]] = {
     "CartPole-v1": {},
-    "Acrobot-v1": {},
-    "Pendulum-v1": {"gamma": 0.9},
+    "Acrobot-v1": {"num_steps": 256, "vf_minibatches": 16, "trpo": {"cg_iters": 15}},
+    "Pendulum-v1": {"gamma": 0.95, "gae_lambda": 0.8, "num_steps": 256},
 }
 
 
@@ -155,8 +161,10 @@ def train(
     policy = make_policy(obs_space, act_space, cfg.hidden, cfg.activation, cfg.log_std_init)
     obs_dim = policy_obs_dim(obs_space)
     value_fn = make_value_function(obs_dim, cfg.vf_hidden, cfg.activation)
-    vf_opt = torch.optim.Adam(value_fn.parameters(), lr=cfg.vf_lr)
+    vf_opt = adam(list(value_fn.parameters()), cfg.vf_lr)
     obs_rms = RunningMeanStd(obs_dim) if cfg.normalize_obs else None
+    ret_rms = RunningMeanStd(1) if cfg.normalize_rewards else None
+    disc_ret = np.zeros(cfg.num_envs)  # running discounted return y ← γ y + r, for ret_rms
     continuous = isinstance(act_space, gym.spaces.Box)
     low = np.asarray(getattr(act_space, "low", 0.0))
     high = np.asarray(getattr(act_space, "high", 0.0))
@@ -168,6 +176,7 @@ def train(
     raw_buf = np.zeros((T, N, obs_dim), np.float32)  # raw, for the running statistics
     act_buf = np.zeros((T, N, *act_shape), np.float32 if continuous else np.int64)
     rew_buf = np.zeros((T, N), np.float32)
+    disc_buf = np.zeros((T, N), np.float32)
     term_buf = np.zeros((T, N), bool)
     done_buf = np.zeros((T, N), bool)
 
@@ -205,6 +214,9 @@ def train(
             next_buf[t] = norm(true_next)
             rew_buf[t], term_buf[t], done_buf[t] = reward, term, done
             ep_ret += reward
+            disc_ret = cfg.gamma * disc_ret + reward
+            disc_buf[t] = disc_ret
+            disc_ret[done] = 0.0
             ep_len += 1
             for i in np.flatnonzero(done):
                 finished.append(float(ep_ret[i]))
@@ -217,7 +229,11 @@ def train(
         with torch.no_grad():
             v = value_fn(torch.from_numpy(obs_buf)).squeeze(-1).numpy()
             v_next = value_fn(torch.from_numpy(next_buf)).squeeze(-1).numpy()
-        adv, ret = gae(rew_buf, v, v_next, term_buf, done_buf, cfg.gamma, cfg.gae_lambda)
+        rewards = rew_buf
+        if ret_rms is not None:  # r / std(discounted return), as VecNormalize does
+            ret_rms.update(disc_buf.reshape(-1, 1))
+            rewards = rew_buf / np.sqrt(ret_rms.var[0] + 1e-8).astype(np.float32)
+        adv, ret = gae(rewards, v, v_next, term_buf, done_buf, cfg.gamma, cfg.gae_lambda)
 
         # ---- 3. policy: one TRPO step on the whole batch
         s = torch.from_numpy(obs_buf.reshape(N * T, obs_dim))
@@ -328,6 +344,14 @@ def fit_value(
             opt.step()
             losses.append(float(loss.detach()))
     return float(np.mean(losses)) if losses else float("nan")
+
+
+def adam(params: list[nn.Parameter], lr: float) -> torch.optim.Optimizer:
+    """Adam, fused into one kernel where this torch build supports it (2× faster here)."""
+    try:
+        return torch.optim.Adam(params, lr=lr, fused=True)
+    except (RuntimeError, TypeError, ValueError):
+        return torch.optim.Adam(params, lr=lr)
 
 
 def mean_or_nan(x: list[float] | list[int]) -> float:
