@@ -110,6 +110,7 @@ def run_benchmark(
     seeds: int = 5,
     eval_episodes: int = 20,
     verbose: bool = True,
+    first_seed: int = 0,
 ) -> dict[str, Any]:
     """Train both sides on every environment and seed, interleaved; return the JSON dict."""
     torch.set_num_threads(1)
@@ -121,7 +122,7 @@ def run_benchmark(
         run_provrl(env_id, 2048, 0, 1)
         run_sb3(env_id, 2048, 0, 1)
         rows: dict[str, list[float]] = {k: [] for k in ("pr", "pw", "sr", "sw")}
-        for seed in range(seeds):
+        for seed in range(first_seed, first_seed + seeds):
             sides = [("p", run_provrl), ("s", run_sb3)]
             if seed % 2 == 1:  # alternate who goes first
                 sides.reverse()
@@ -153,7 +154,7 @@ def run_benchmark(
     out["target_met"] = all(e["target_met"] for e in out["envs"].values())
     out["setup"] = {
         "steps": steps,
-        "seeds": list(range(seeds)),
+        "seeds": list(range(first_seed, first_seed + seeds)),
         "eval_episodes": eval_episodes,
         "torch_threads": torch.get_num_threads(),
         "torch": torch.__version__,
@@ -169,14 +170,17 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
     ap.add_argument("--envs", nargs="+", default=ENVS, help="gymnasium env ids")
     ap.add_argument("--steps", type=int, default=100_000, help="environment steps per run")
-    ap.add_argument("--seeds", type=int, default=5, help="seeds 0 … n−1 per environment")
+    ap.add_argument("--seeds", type=int, default=5, help="number of seeds per environment")
+    ap.add_argument("--first-seed", type=int, default=0, help="seeds first … first+n−1")
     ap.add_argument("--eval-episodes", type=int, default=20, help="evaluation episodes per agent")
     ap.add_argument("--quick", action="store_true", help="smoke run: 10k steps, one seed")
     ap.add_argument("--json", action="store_true", help="print JSON only (progress on stderr)")
     args = ap.parse_args()
     if args.quick:
         args.steps, args.seeds, args.eval_episodes = 10_000, 1, 3
-    result = run_benchmark(args.envs, args.steps, args.seeds, args.eval_episodes)
+    result = run_benchmark(
+        args.envs, args.steps, args.seeds, args.eval_episodes, first_seed=args.first_seed
+    )
     print(json.dumps(result, indent=None if args.json else 2))
 
 

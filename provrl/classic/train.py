@@ -65,7 +65,7 @@ class ClassicTRPOConfig(Section):
     torch_threads: int = Field(1, ge=1, description="torch.set_num_threads (1: small nets).")
 
 
-# Tuned for 100k steps on training seeds 10-23 (the benchmark uses seeds 0-2); docs/trpo.md
+# Tuned for 100k steps on training seeds 10-23 (the benchmark uses seeds 0-4); docs/trpo.md
 # has the record. Everything else is the ClassicTRPOConfig default.
 ENV_PRESETS: dict[str, dict[str, Any]] = {
     "CartPole-v1": {},
