@@ -344,6 +344,11 @@ class TrajectoryBuilder:
     def __len__(self) -> int:
         return self._len
 
+    @property
+    def num_actions(self) -> int:
+        """Action tokens added so far."""
+        return sum(int(chunk.sum()) for chunk in self._chunks["is_action"])
+
     def _append(self, kind: SegmentKind, cols: dict[str, Any]) -> None:
         n = len(cols["token_id"])
         if n == 0:
