@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import hashlib
 import re
-import time
 
 import numpy as np
 import pytest
@@ -90,18 +89,6 @@ def test_near_identical_names_and_conflicting_minor_facts():
                 assert int(m.group(2)) != elev[m.group(1)]
                 checked += 1
     assert checked > 10
-
-
-def test_scales_linearly_to_large_worlds():
-    t0 = time.perf_counter()
-    small = generate_world(WorldConfig(entities=2000, docs=5000))
-    t_small = time.perf_counter() - t0
-    t0 = time.perf_counter()
-    big = generate_world(WorldConfig(entities=20000, docs=50000))
-    t_big = time.perf_counter() - t0
-    assert len(small.docs) == 5000 and len(big.docs) == 50000
-    # 10x the documents must not cost more than ~25x the time (no quadratic work)
-    assert t_big < 25 * max(t_small, 0.02), (t_small, t_big)
 
 
 def test_corpus_errors_name_line_and_field(tmp_path):
