@@ -70,3 +70,67 @@ class RLConfig(Section):
         if self.optimizer == "trpo" and (self.epochs != 1 or self.minibatches != 1):
             raise ValueError("optimizer trpo takes one step per batch: set epochs=1, minibatches=1")
         return self
+
+
+class SFTConfig(Section):
+    """Supervised fine-tuning (warm start) on trajectories: imitate their action tokens.
+
+    Loss per optimizer step: the mean negative log-likelihood of the step's action tokens,
+    L(θ) = −(1/N) Σ_i Σ_{t ∈ actions(i)} log π_θ(x_{i,t} | x_{i,<t}) (``provrl.train.sft``).
+    """
+
+    selection: Literal["all", "successful", "fewest_tool_calls"] = Field(
+        "successful",
+        description="Which traces to imitate: all; successful (reward ≥ min_reward); "
+        "fewest_tool_calls (successful, and per task only those with the fewest tool calls).",
+    )
+    min_reward: float = Field(
+        1.0, description="A trace is successful when its reward is at least this."
+    )
+    max_per_task: int = Field(
+        0,
+        ge=0,
+        description="Keep at most this many traces per task (fewest tool calls, then fewest "
+        "tokens, first); 0 = no cap.",
+    )
+    max_traces: int = Field(
+        0, ge=0, description="After selection, a seeded random subset of this size (0 = all)."
+    )
+    epochs: int = Field(1, ge=1, description="Passes over the selected traces.")
+    batch_size: int = Field(
+        8, ge=1, description="Trajectories per optimizer step (the last step may have fewer)."
+    )
+    micro_batch_tokens: int = Field(
+        2048,
+        ge=1,
+        description="Padded tokens (rows × longest row) per forward/backward; gradients "
+        "accumulate exactly over a step. A longer trajectory runs alone.",
+    )
+    lr: float = Field(5e-5, gt=0, description="Peak AdamW learning rate η (after warmup).")
+    schedule: Literal["cosine", "linear", "constant"] = Field(
+        "cosine", description="Learning-rate decay after warmup, from η to min_lr_ratio · η."
+    )
+    warmup_steps: int = Field(
+        10, ge=0, description="Linear warmup from η/W to η over the first W optimizer steps."
+    )
+    min_lr_ratio: float = Field(
+        0.1, ge=0, le=1, description="Learning rate at the last step, as a fraction of η."
+    )
+    betas: tuple[float, float] = Field((0.9, 0.95), description="AdamW (β₁, β₂).")
+    weight_decay: float = Field(0.0, ge=0, description="AdamW decoupled weight decay.")
+    adam_eps: float = Field(1e-8, gt=0, description="AdamW ε.")
+    max_grad_norm: float | None = Field(
+        1.0, gt=0, description="Clip the global gradient norm to this (None: no clipping)."
+    )
+    autocast: Literal["float32", "bfloat16"] = Field(
+        "float32",
+        description="Compute dtype of forward/backward (torch.autocast); weights, gradients "
+        "and AdamW state stay float32. bfloat16 is ~2× faster on CPUs with AVX512-BF16.",
+    )
+    logprob_chunk_tokens: int = Field(
+        1024,
+        ge=1,
+        description="Positions per LM-head chunk: peak logit memory is chunk · vocab floats.",
+    )
+    seed: int = Field(0, description="Seed of the trace subset and of the per-epoch shuffle.")
+    progress: bool = Field(True, description="Show a progress bar (with ETA) over steps.")
