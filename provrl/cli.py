@@ -17,6 +17,7 @@ from provrl.classic.cli import trpo
 from provrl.engine.cli import bench_engine
 from provrl.env.cli import bench_search, eval_cmd, serve_search, world
 from provrl.theory.cli import app as theory_app
+from provrl.train.sft_cli import sft
 
 app = typer.Typer(
     help="provrl: RL post-training of tool-using LLM agents with exact per-token provenance.",
@@ -36,6 +37,7 @@ app.command("trpo")(trpo)
 app.command("world")(world)
 app.command("serve-search")(serve_search)
 app.command("eval")(eval_cmd)
+app.command("sft")(sft)
 bench_app.command("engine")(bench_engine)
 bench_app.command("search")(bench_search)
 

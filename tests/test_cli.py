@@ -19,7 +19,17 @@ def plain(s: str) -> str:
 
 def test_help_lists_subcommands():
     out = plain(runner.invoke(app, ["--help"]).output)
-    for cmd in ("models", "trajectories", "bench", "theory", "trpo", "eval", "world", "demo"):
+    for cmd in (
+        "models",
+        "trajectories",
+        "bench",
+        "theory",
+        "trpo",
+        "eval",
+        "sft",
+        "world",
+        "demo",
+    ):
         assert cmd in out
 
 
