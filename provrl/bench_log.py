@@ -131,13 +131,9 @@ def _provrl_write(compress: bool) -> Callable[[Path, Iterator[Trajectory]], None
     return write
 
 
-def _provrl_read(path: Path) -> Iterator[Trajectory]:
-    return read_trajectories(path)
-
-
 FORMATS: dict[str, tuple[Callable[..., None], Callable[[Path], Iterator[Trajectory]]]] = {
-    "jsonl-b64": (_provrl_write(False), _provrl_read),
-    "jsonl-b64-zlib": (_provrl_write(True), _provrl_read),
+    "jsonl-b64": (_provrl_write(False), read_trajectories),
+    "jsonl-b64-zlib": (_provrl_write(True), read_trajectories),
     "jsonl-lists": (_lists_write, _lists_read),
     "arrow-ipc": (_arrow_write, _arrow_read),
 }

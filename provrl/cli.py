@@ -122,12 +122,13 @@ def trajectories_show(
 def bench_log(
     trajectories: Annotated[int, typer.Option(help="Number of trajectories.")] = 10_000,
     tokens: Annotated[int, typer.Option(help="Tokens per trajectory.")] = 2_000,
+    repeats: Annotated[int, typer.Option(help="Repeats per format; medians reported.")] = 3,
     as_json: Annotated[bool, typer.Option("--json", help="Print JSON only.")] = False,
 ) -> None:
     """Trajectory-log write/read throughput and bytes per token (benchmarks/provenance_log.py)."""
     from provrl.bench_log import run_log_benchmark
 
-    result: dict[str, Any] = run_log_benchmark(trajectories, tokens)
+    result: dict[str, Any] = run_log_benchmark(trajectories, tokens, repeats=repeats)
     typer.echo(json.dumps(result, indent=None if as_json else 2))
 
 

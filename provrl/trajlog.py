@@ -26,6 +26,7 @@ import time
 import warnings
 import zlib
 from collections.abc import Iterable, Iterator
+from dataclasses import asdict
 from pathlib import Path
 from typing import Any, BinaryIO
 
@@ -82,31 +83,13 @@ def trajectory_to_record(traj: Trajectory, compress: bool = True) -> dict[str, A
         "z": compress,
         "tokens": {name: _encode_column(getattr(traj, name), compress) for name in TOKEN_COLUMNS},
         "segments": [[s.kind, s.start, s.end, s.turn] for s in traj.segments],
-        "tool_calls": [
-            {
-                "turn": c.turn,
-                "name": c.name,
-                "arguments": c.arguments,
-                "ok": c.ok,
-                "error": c.error,
-                "latency_s": c.latency_s,
-            }
-            for c in traj.tool_calls
-        ],
+        "tool_calls": [asdict(c) for c in traj.tool_calls],
         "reward": traj.reward,
         "metrics": traj.metrics,
         "timings": traj.timings,
         "sampling": traj.sampling.to_dict(),
-        "policy": {
-            "name": traj.policy.name,
-            "fingerprint": traj.policy.fingerprint,
-            "config": traj.policy.config,
-        },
-        "tools": {
-            "name": traj.tools.name,
-            "fingerprint": traj.tools.fingerprint,
-            "config": traj.tools.config,
-        },
+        "policy": asdict(traj.policy),
+        "tools": asdict(traj.tools),
         "meta": traj.meta,
     }
 

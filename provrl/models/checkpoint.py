@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import os
+import tempfile
 from pathlib import Path
 from typing import Any
 
@@ -20,6 +21,13 @@ class CheckpointError(ValueError):
     """A checkpoint is missing, incomplete or corrupt; the message names the file."""
 
 
+def atomic_tmp_dir(final: Path) -> Path:
+    """A fresh sibling of ``final`` to write into and then rename to ``final``, so a crash
+    never leaves a half-written directory under the final name."""
+    final.parent.mkdir(parents=True, exist_ok=True)
+    return Path(tempfile.mkdtemp(prefix=final.name + ".tmp-", dir=final.parent))
+
+
 def save_checkpoint(
     model: Any, tokenizer: Any, path: str | os.PathLike[str], **metadata: Any
 ) -> Path:
@@ -28,11 +36,9 @@ def save_checkpoint(
     Written to a temporary sibling directory first and renamed, so a crash never leaves a
     half-written checkpoint under the final name."""
     import shutil
-    import tempfile
 
     final = Path(path)
-    final.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=final.name + ".tmp-", dir=final.parent))
+    tmp = atomic_tmp_dir(final)
     model.save_pretrained(tmp, safe_serialization=True)
     if tokenizer is not None:
         tokenizer.save_pretrained(tmp)

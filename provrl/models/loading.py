@@ -21,12 +21,13 @@ import importlib.util
 import logging
 import os
 import shutil
-import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import torch
+
+from provrl.models.checkpoint import atomic_tmp_dir
 
 log = logging.getLogger(__name__)
 
@@ -106,11 +107,6 @@ def _fingerprint_of_dir(path: Path) -> str:
     return digest
 
 
-def _atomic_dir(final: Path) -> Path:
-    final.parent.mkdir(parents=True, exist_ok=True)
-    return Path(tempfile.mkdtemp(prefix=final.name + ".tmp-", dir=final.parent))
-
-
 def _publish_dir(tmp: Path, final: Path) -> None:
     try:
         tmp.rename(final)
@@ -138,7 +134,7 @@ def smollm2_dir() -> Path:
         del model.config.quantization_config
     model.is_quantized = False
     model.config.name_or_path = "smollm2-135m"
-    tmp = _atomic_dir(final)
+    tmp = atomic_tmp_dir(final)
     model.save_pretrained(tmp, safe_serialization=True)
     tok.save_pretrained(tmp)
     (tmp / "SOURCE.txt").write_text(f"converted from {gguf} (sha256 {file_sha256(gguf)})\n")

@@ -15,15 +15,15 @@ VERSION_STYLES = ["bold green", "bold cyan", "bold magenta", "bold yellow", "bol
 
 def token_decoder(tokenizer: Any) -> Any:
     """ids → one string per token, from a tokenizer object or name (ids shown if none)."""
-    if not isinstance(tokenizer, str):
-        return lambda ids: [tokenizer.decode([i]) for i in ids]
-    try:
-        from provrl.models import load_tokenizer
+    tok = tokenizer
+    if isinstance(tokenizer, str):
+        try:
+            from provrl.models import load_tokenizer
 
-        tok = load_tokenizer(tokenizer)
-        return lambda ids: [tok.decode([i]) for i in ids]
-    except Exception:  # no tokenizer available: show ids
-        return lambda ids: [f"<{i}>" for i in ids]
+            tok = load_tokenizer(tokenizer)
+        except Exception:  # no tokenizer available: show ids
+            return lambda ids: [f"<{i}>" for i in ids]
+    return lambda ids: tok.batch_decode([[i] for i in ids])
 
 
 def header(traj: Trajectory) -> str:
@@ -54,10 +54,11 @@ def print_trajectory(
 
     console.rule(f"[bold]{traj.traj_id}")
     console.print(header(traj), highlight=False)
-    pieces = decode(traj.token_id.tolist())
+    shown = traj.token_id[:max_tokens] if table else traj.token_id
+    pieces = decode(shown.tolist())
     if table:
         t = Table("t", "token", "action", "version", "logprob", "kept_mass", "kv", "replica")
-        for i in range(min(len(traj), max_tokens)):
+        for i in range(len(pieces)):
             a = bool(traj.is_action[i])
             lp = float(traj.logprob[i])
             t.add_row(
