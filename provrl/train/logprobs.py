@@ -9,7 +9,23 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+import numpy as np
 import torch
+
+from provrl.provenance import ProvenanceError, Trajectory
+
+
+def check_teacher_forced(traj: Trajectory, vocab_size: int | None = None) -> None:
+    """A trajectory whose action logprobs a teacher-forced pass can compute: valid
+    provenance, no action at position 0 (it has no context), token ids inside the
+    vocabulary (when ``vocab_size`` is given). Raises :class:`ProvenanceError` naming it."""
+    traj.validate()
+    where = f"trajectory {traj.traj_id!r} (task {traj.task_id!r})"
+    if len(traj) and bool(traj.is_action[0]):
+        raise ProvenanceError(f"{where}: token 0 is an action but has no context")
+    if vocab_size is not None and len(traj) and int(traj.token_id.max()) >= vocab_size:
+        i = int(np.flatnonzero(traj.token_id >= vocab_size)[0])
+        raise ProvenanceError(f"{where}: token {i}: id {traj.token_id[i]} ≥ vocab {vocab_size}")
 
 
 def token_logprobs(
@@ -47,6 +63,9 @@ class TokenStats:
     excluded_mass: torch.Tensor | None = None
     """``[B, T]`` π_θ mass a top-k/top-p sampler would exclude (detached), when requested
     (see :func:`provrl.objectives.diagnostics.support_excluded_mass`)."""
+    log_softmax: torch.Tensor | None = None
+    """``[N, V]`` full log π_θ(· | x_<t) (detached) at the N requested positions, in
+    ``positions.nonzero()`` order, when requested. Memory N · V floats."""
 
 
 def head_logits(model: Any, hidden: torch.Tensor) -> torch.Tensor:
@@ -71,12 +90,16 @@ def hidden_before(
     return hidden[rows, cols - 1], rows, cols
 
 
+def _picked_logprobs(z: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+    """log softmax(z)[y] = z_y − logsumexp(z), row by row of ``z [N, V]``."""
+    return z.gather(-1, targets[:, None]).squeeze(-1) - torch.logsumexp(z, dim=-1)
+
+
 def _chunk_logprobs(
     model: Any, hidden: torch.Tensor, targets: torch.Tensor, temperature: torch.Tensor
 ) -> torch.Tensor:
-    """log softmax(head(h)/τ)[y] = z_y − logsumexp(z) for one chunk of positions ``[N, H]``."""
-    z = head_logits(model, hidden) / temperature[:, None]
-    return z.gather(-1, targets[:, None]).squeeze(-1) - torch.logsumexp(z, dim=-1)
+    """log softmax(head(h)/τ)[y] for one chunk of positions ``[N, H]``."""
+    return _picked_logprobs(head_logits(model, hidden) / temperature[:, None], targets)
 
 
 def token_logprobs_chunked(
@@ -90,6 +113,7 @@ def token_logprobs_chunked(
     with_entropy: bool = False,
     top_p: torch.Tensor | float | None = None,
     top_k: torch.Tensor | int | None = None,
+    with_log_softmax: bool = False,
 ) -> TokenStats:
     """Same values as :func:`token_logprobs`, without ever materialising ``[B, T, V]``.
 
@@ -104,7 +128,9 @@ def token_logprobs_chunked(
     With grad enabled each chunk is activation-checkpointed, so backward recomputes its
     logits instead of storing them: peak memory is O(chunk_tokens · V), not O(B·T·V).
     ``temperature`` may be a per-row ``[B]`` tensor. ``top_p``/``top_k`` (per row or scalar)
-    turn on ``excluded_mass``; ``with_entropy`` turns on ``entropy`` (both need no grad).
+    turn on ``excluded_mass``; ``with_entropy`` turns on ``entropy``; ``with_log_softmax``
+    turns on ``log_softmax`` (all three detached). Without grad each chunk's logits are
+    computed once and serve every requested quantity.
 
     Supports causal LMs whose logits are ``lm_head(decoder(x))`` (optionally soft-capped):
     Llama, Qwen, Mistral, Gemma, SmolLM, …
@@ -139,22 +165,31 @@ def token_logprobs_chunked(
         tp_rows = tp.expand(B)[rows] if tp.ndim <= 1 else tp[rows, cols]
         tk_rows = tk.expand(B)[rows] if tk.ndim <= 1 else tk[rows, cols]
 
-    pieces, ent, exc = [], [], []
+    want_stats = with_entropy or want_support or with_log_softmax
+    pieces, ent, exc, full = [], [], [], []
+    if with_log_softmax and h.shape[0] == 0:  # no positions: an empty [0, V]
+        full.append(head_logits(model, h.detach()))
     for s in range(0, h.shape[0], chunk_tokens):
         sl = slice(s, s + chunk_tokens)
         if torch.is_grad_enabled():
             lp = checkpoint(_chunk_logprobs, model, h[sl], y[sl], t_rows[sl], use_reentrant=False)
-        else:
-            lp = _chunk_logprobs(model, h[sl], y[sl], t_rows[sl])
-        pieces.append(lp)
-        if with_entropy or want_support:
+            pieces.append(lp)
+            if not want_stats:
+                continue
             with torch.no_grad():
                 z = head_logits(model, h[sl].detach()) / t_rows[sl, None]
+        else:
+            z = head_logits(model, h[sl]) / t_rows[sl, None]
+            pieces.append(_picked_logprobs(z, y[sl]))
+        with torch.no_grad():
+            if with_entropy or with_log_softmax:
+                logp_all = torch.log_softmax(z, dim=-1)
                 if with_entropy:
-                    logp_all = torch.log_softmax(z, dim=-1)
                     ent.append(-(logp_all.exp() * logp_all).sum(-1))
-                if want_support:
-                    exc.append(support_excluded_mass(z, tp_rows[sl], tk_rows[sl]).float())
+                if with_log_softmax:
+                    full.append(logp_all)
+            if want_support:
+                exc.append(support_excluded_mass(z, tp_rows[sl], tk_rows[sl]).float())
 
     def scatter(values: list[torch.Tensor]) -> torch.Tensor:
         flat = torch.cat(values) if values else h.new_zeros(0, dtype=torch.float32)
@@ -165,4 +200,5 @@ def token_logprobs_chunked(
         logprobs=scatter(pieces),
         entropy=scatter(ent) if with_entropy else None,
         excluded_mass=scatter(exc) if want_support else None,
+        log_softmax=torch.cat(full) if full else None,
     )

@@ -44,7 +44,12 @@ from provrl.objectives.trpo import TRPOStepInfo, subsample_index, trpo_step
 from provrl.provenance import ProvenanceError, Trajectory, TrajectoryBatch
 from provrl.report.metrics import MetricsWriter
 from provrl.train.config import RLConfig
-from provrl.train.logprobs import head_logits, hidden_before, token_logprobs_chunked
+from provrl.train.logprobs import (
+    check_teacher_forced,
+    head_logits,
+    hidden_before,
+    token_logprobs_chunked,
+)
 
 
 # ============================================================================ 1. batch
@@ -109,15 +114,10 @@ def prepare_batch(
     if not trajectories:
         raise ValueError("RL step needs at least one trajectory")
     for t in trajectories:
-        t.validate()
-        where = f"trajectory {t.traj_id!r} (task {t.task_id!r})"
+        check_teacher_forced(t, vocab_size)
         if t.reward is None or not math.isfinite(t.reward):
+            where = f"trajectory {t.traj_id!r} (task {t.task_id!r})"
             raise ProvenanceError(f"{where}: has no finite reward ({t.reward!r})")
-        if len(t) and int(t.token_id.max()) >= vocab_size:
-            i = int(np.flatnonzero(t.token_id >= vocab_size)[0])
-            raise ProvenanceError(f"{where}: token {i}: id {t.token_id[i]} ≥ vocab {vocab_size}")
-        if len(t) and bool(t.is_action[0]):
-            raise ProvenanceError(f"{where}: token 0 is an action but has no context")
     tb = TrajectoryBatch.from_trajectories(trajectories, pad_token_id)
     if not bool(tb.action_mask.any()):
         raise ValueError("RL step: the batch has no action tokens")
@@ -289,6 +289,7 @@ class RLTrainer:
                 with_entropy=entropy is not None,
                 top_p=batch.top_p[rows] if excluded is not None else None,
                 top_k=batch.top_k[rows] if excluded is not None else None,
+                with_log_softmax=cfg.optimizer == "trpo",
             )
             logprobs[rows, :L] = out.logprobs
             if entropy is not None and out.entropy is not None:
@@ -304,8 +305,8 @@ class RLTrainer:
                     temperature=batch.temperature[rows],
                     chunk_tokens=cfg.logprob_chunk_tokens,
                 ).logprobs
-            if cfg.optimizer == "trpo":
-                full.append(self._action_log_softmax(batch, rows))
+            if out.log_softmax is not None:
+                full.append(out.log_softmax)
         return Proximal(logprobs, entropy, excluded, ref, torch.cat(full) if full else None)
 
     # ------------------------------------------------------------------ 3. diagnostics

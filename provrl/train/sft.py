@@ -50,7 +50,7 @@ import torch
 from provrl.provenance import ProvenanceError, Trajectory, TrajectoryBatch
 from provrl.report.metrics import MetricsWriter
 from provrl.train.config import SFTConfig
-from provrl.train.logprobs import token_logprobs_chunked
+from provrl.train.logprobs import check_teacher_forced, token_logprobs_chunked
 
 
 # ============================================================================ 0. load
@@ -83,15 +83,10 @@ def load_traces(paths: Sequence[str | os.PathLike[str]]) -> list[Trajectory]:
 def check_trace(traj: Trajectory, vocab_size: int | None = None) -> None:
     """A trace SFT can learn from: valid provenance, at least one action token, no action
     at position 0 (it has no context), token ids inside the vocabulary."""
-    traj.validate()
-    where = f"trajectory {traj.traj_id!r} (task {traj.task_id!r})"
+    check_teacher_forced(traj, vocab_size)
     if traj.num_actions == 0:
+        where = f"trajectory {traj.traj_id!r} (task {traj.task_id!r})"
         raise ProvenanceError(f"{where}: has no action tokens — nothing to imitate")
-    if bool(traj.is_action[0]):
-        raise ProvenanceError(f"{where}: token 0 is an action but has no context")
-    if vocab_size is not None and int(traj.token_id.max()) >= vocab_size:
-        i = int(np.flatnonzero(traj.token_id >= vocab_size)[0])
-        raise ProvenanceError(f"{where}: token {i}: id {traj.token_id[i]} ≥ vocab {vocab_size}")
 
 
 # ============================================================================ 1. select
