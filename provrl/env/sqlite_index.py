@@ -222,10 +222,6 @@ class SqliteSearch:
             "WHERE passages MATCH ? ORDER BY s LIMIT ?"
         )
 
-    @classmethod
-    def for_world(cls, world_dir: str | os.PathLike[str], **kw: float | int) -> SqliteSearch:
-        return cls(cached_index(world_dir), **kw)  # type: ignore[arg-type]
-
     def _con(self) -> sqlite3.Connection:
         con: sqlite3.Connection | None = getattr(self._local, "con", None)
         if con is None:

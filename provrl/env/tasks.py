@@ -39,7 +39,7 @@ import orjson
 
 from provrl.env.config import WorldConfig
 from provrl.env.rewards import contains_answer
-from provrl.env.world import FIELDS, OCCUPATIONS, World
+from provrl.env.world import FIELDS, OCCUPATIONS, Table, World, with_article
 
 SPLITS = ("train", "dev", "test")
 TIER_NAMES = {1: "lookup", 2: "two-hop", 3: "multi-constraint", 4: "comparison"}
@@ -195,6 +195,14 @@ def split_of(answer_entity: str, seed: int, fractions: tuple[float, float, float
 
 
 # ----------------------------------------------------------------------------- generators
+Fact = Callable[[int], tuple[str, ...]]
+"""Row → (answer, answer entity, *aliases)."""
+
+
+def _year(x: Any) -> str:
+    return str(int(x))
+
+
 @dataclass
 class _Draft:
     kind: str
@@ -217,6 +225,8 @@ class _Gen:
         self.emp_field = world.orgs["field"][P["employer"]]
         self.born_count = np.bincount(P["birth_place"], minlength=len(world.places))
         self.staff_count = np.bincount(P["employer"], minlength=len(world.orgs))
+        self.lookups = self._lookups()
+        self.two_hops = self._two_hops()
 
     # small helpers -------------------------------------------------------------
     def _pick(self, n: int) -> int:
@@ -225,317 +235,79 @@ class _Gen:
     def _step(self, table: Any, i: int, reveals: str, query: str | None = None) -> OracleStep:
         return OracleStep(query or table.names[i], self.w.opening(table, i), reveals)
 
-    def _place_step(self, c: int, reveals: str) -> OracleStep:
-        return self._step(self.w.places, c, reveals)
-
     # tier 1 ---------------------------------------------------------------------
-    def lookup(self) -> _Draft | None:
-        w, r = self.w, self._pick(14)
+    def _ref(self, table: Table, j: Any) -> tuple[str, str]:
+        """(name, entity id) of row ``j`` of ``table``: an answer that names an entity."""
+        return table.names[int(j)], table.entity_id(int(j))
+
+    def _region(self, g: Any) -> tuple[str, str, str]:
+        """A region as an answer: (name, entity id, alias "<name> region")."""
+        name = self.w.regions[int(g)]
+        return name, f"region:{int(g)}", f"{name} region"
+
+    def _lookups(self) -> list[tuple[Table, str, str, Fact]]:
+        """Tier-1 kinds: (table asked about, kind, question on its name, fact of row i)."""
+        w, ref, year = self.w, self._ref, _year
         P, Org, C, W, E = w.people, w.orgs, w.places, w.works, w.events
-        if r < 4:
-            i = self._pick(len(P))
-            x = P.names[i]
-            if r == 0:
-                a = str(int(P["birth_year"][i]))
-                return _Draft(
-                    "birth_year",
-                    f"In what year was {x} born?",
-                    a,
-                    P.entity_id(i),
-                    [self._step(P, i, a)],
-                )
-            if r == 1:
-                c = int(P["birth_place"][i])
-                a = C.names[c]
-                return _Draft(
-                    "birth_place",
-                    f"In which city was {x} born?",
-                    a,
-                    C.entity_id(c),
-                    [self._step(P, i, a)],
-                )
-            if r == 2:
-                a = OCCUPATIONS[int(P["occupation"][i])]
-                return _Draft(
-                    "occupation",
-                    f"What is the occupation of {x}?",
-                    a,
-                    P.entity_id(i),
-                    [self._step(P, i, a)],
-                )
-            o = int(P["employer"][i])
-            a = Org.names[o]
-            return _Draft(
-                "employer",
-                f"Which organisation does {x} work at?",
-                a,
-                Org.entity_id(o),
-                [self._step(P, i, a)],
-            )
-        if r < 8:
-            i = self._pick(len(Org))
-            x = Org.names[i]
-            if r == 4:
-                a = str(int(Org["founded"][i]))
-                return _Draft(
-                    "org_founded",
-                    f"In what year was the {x} founded?",
-                    a,
-                    Org.entity_id(i),
-                    [self._step(Org, i, a)],
-                )
-            if r == 5:
-                f = int(Org["founder"][i])
-                a = P.names[f]
-                return _Draft(
-                    "org_founder",
-                    f"Who founded the {x}?",
-                    a,
-                    P.entity_id(f),
-                    [self._step(Org, i, a)],
-                )
-            if r == 6:
-                c = int(Org["hq"][i])
-                a = C.names[c]
-                return _Draft(
-                    "org_hq",
-                    f"In which city is the {x} headquartered?",
-                    a,
-                    C.entity_id(c),
-                    [self._step(Org, i, a)],
-                )
-            a = FIELDS[int(Org["field"][i])]
-            return _Draft(
-                "org_field",
-                f"In which field does the {x} work?",
-                a,
-                Org.entity_id(i),
-                [self._step(Org, i, a)],
-            )
-        if r < 10:
-            i = self._pick(len(C))
-            x = C.names[i]
-            if r == 8:
-                g = int(C["region"][i])
-                a = w.regions[g]
-                return _Draft(
-                    "place_region",
-                    f"In which region is the city of {x}?",
-                    a,
-                    f"region:{g}",
-                    [self._step(C, i, a)],
-                    [f"{a} region"],
-                )
-            a = str(int(C["founded"][i]))
-            return _Draft(
-                "place_founded",
-                f"In what year was the city of {x} founded?",
-                a,
-                C.entity_id(i),
-                [self._step(C, i, a)],
-            )
-        if r < 12:
-            i = self._pick(len(W))
-            x = W.names[i]
-            if r == 10:
-                p = int(W["creator"][i])
-                a = P.names[p]
-                return _Draft(
-                    "work_creator", f"Who created {x}?", a, P.entity_id(p), [self._step(W, i, a)]
-                )
-            a = str(int(W["year"][i]))
-            return _Draft(
-                "work_year",
-                f"In what year was {x} released?",
-                a,
-                W.entity_id(i),
-                [self._step(W, i, a)],
-            )
-        i = self._pick(len(E))
-        x = E.names[i]
-        if r == 12:
-            c = int(E["location"][i])
-            a = C.names[c]
-            return _Draft(
-                "event_location",
-                f"In which city was the {x} held?",
-                a,
-                C.entity_id(c),
-                [self._step(E, i, a)],
-            )
-        a = str(int(E["year"][i]))
+        return [
+            (P, "birth_year", "In what year was {} born?", lambda i: (year(P["birth_year"][i]), P.entity_id(i))),
+            (P, "birth_place", "In which city was {} born?", lambda i: ref(C, P["birth_place"][i])),
+            (P, "occupation", "What is the occupation of {}?", lambda i: (OCCUPATIONS[int(P["occupation"][i])], P.entity_id(i))),
+            (P, "employer", "Which organisation does {} work at?", lambda i: ref(Org, P["employer"][i])),
+            (Org, "org_founded", "In what year was the {} founded?", lambda i: (year(Org["founded"][i]), Org.entity_id(i))),
+            (Org, "org_founder", "Who founded the {}?", lambda i: ref(P, Org["founder"][i])),
+            (Org, "org_hq", "In which city is the {} headquartered?", lambda i: ref(C, Org["hq"][i])),
+            (Org, "org_field", "In which field does the {} work?", lambda i: (FIELDS[int(Org["field"][i])], Org.entity_id(i))),
+            (C, "place_region", "In which region is the city of {}?", lambda i: self._region(C["region"][i])),
+            (C, "place_founded", "In what year was the city of {} founded?", lambda i: (year(C["founded"][i]), C.entity_id(i))),
+            (W, "work_creator", "Who created {}?", lambda i: ref(P, W["creator"][i])),
+            (W, "work_year", "In what year was {} released?", lambda i: (year(W["year"][i]), W.entity_id(i))),
+            (E, "event_location", "In which city was the {} held?", lambda i: ref(C, E["location"][i])),
+            (E, "event_year", "In what year was the {} held?", lambda i: (year(E["year"][i]), E.entity_id(i))),
+        ]  # fmt: skip
+
+    def lookup(self) -> _Draft | None:
+        table, kind, question, fact = self.lookups[self._pick(len(self.lookups))]
+        i = self._pick(len(table))
+        answer, entity, *aliases = fact(i)
         return _Draft(
-            "event_year",
-            f"In what year was the {x} held?",
-            a,
-            E.entity_id(i),
-            [self._step(E, i, a)],
+            kind,
+            question.format(table.names[i]),
+            answer,
+            entity,
+            [self._step(table, i, answer)],
+            aliases,
         )
 
     # tier 2 ---------------------------------------------------------------------
-    def two_hop(self) -> _Draft | None:
-        w, r = self.w, self._pick(11)
+    def _two_hops(self) -> list[tuple[Table, str, Table, str, str, Fact]]:
+        """Tier-2 kinds: (table asked about, column naming the linked row, linked table, kind,
+        question on the first name, fact of the linked row j)."""
+        w, ref, year = self.w, self._ref, _year
         P, Org, C, W, E = w.people, w.orgs, w.places, w.works, w.events
+        return [
+            (P, "employer", Org, "employer_hq", "In which city is the organisation that {} works at headquartered?", lambda j: ref(C, Org["hq"][j])),
+            (P, "employer", Org, "employer_founded", "In what year was the organisation that {} works at founded?", lambda j: (year(Org["founded"][j]), Org.entity_id(j))),
+            (P, "employer", Org, "employer_founder", "Who founded the organisation that {} works at?", lambda j: ref(P, Org["founder"][j])),
+            (P, "birth_place", C, "birthplace_region", "In which region is the city where {} was born?", lambda j: self._region(C["region"][j])),
+            (P, "birth_place", C, "birthplace_founded", "In what year was the city where {} was born founded?", lambda j: (year(C["founded"][j]), C.entity_id(j))),
+            (W, "creator", P, "creator_birth_year", "In what year was the creator of {} born?", lambda j: (year(P["birth_year"][j]), P.entity_id(j))),
+            (W, "creator", P, "creator_birthplace", "In which city was the creator of {} born?", lambda j: ref(C, P["birth_place"][j])),
+            (W, "publisher", Org, "publisher_hq", "In which city is the organisation that released {} headquartered?", lambda j: ref(C, Org["hq"][j])),
+            (E, "organiser", Org, "organiser_founder", "Who founded the organisation that organised the {}?", lambda j: ref(P, Org["founder"][j])),
+            (E, "location", C, "event_region", "In which region is the city where the {} was held?", lambda j: self._region(C["region"][j])),
+            (Org, "founder", P, "founder_birthplace", "In which city was the founder of the {} born?", lambda j: ref(C, P["birth_place"][j])),
+        ]  # fmt: skip
 
-        def hop(
-            t1: Any,
-            i: int,
-            t2: Any,
-            j: int,
-            kind: str,
-            q: str,
-            a: str,
-            ent: str,
-            aliases: list[str] | None = None,
-        ) -> _Draft:
-            steps = [self._step(t1, i, t2.names[j]), self._step(t2, j, a)]
-            return _Draft(kind, q, a, ent, steps, aliases or [])
-
-        if r < 5:
-            i = self._pick(len(P))
-            x = P.names[i]
-            o, c = int(P["employer"][i]), int(P["birth_place"][i])
-            if r == 0:
-                h = int(Org["hq"][o])
-                return hop(
-                    P,
-                    i,
-                    Org,
-                    o,
-                    "employer_hq",
-                    f"In which city is the organisation that {x} works at headquartered?",
-                    C.names[h],
-                    C.entity_id(h),
-                )
-            if r == 1:
-                return hop(
-                    P,
-                    i,
-                    Org,
-                    o,
-                    "employer_founded",
-                    f"In what year was the organisation that {x} works at founded?",
-                    str(int(Org["founded"][o])),
-                    Org.entity_id(o),
-                )
-            if r == 2:
-                f = int(Org["founder"][o])
-                if f == i:
-                    return None
-                return hop(
-                    P,
-                    i,
-                    Org,
-                    o,
-                    "employer_founder",
-                    f"Who founded the organisation that {x} works at?",
-                    P.names[f],
-                    P.entity_id(f),
-                )
-            if r == 3:
-                g = int(C["region"][c])
-                return hop(
-                    P,
-                    i,
-                    C,
-                    c,
-                    "birthplace_region",
-                    f"In which region is the city where {x} was born?",
-                    w.regions[g],
-                    f"region:{g}",
-                    [f"{w.regions[g]} region"],
-                )
-            return hop(
-                P,
-                i,
-                C,
-                c,
-                "birthplace_founded",
-                f"In what year was the city where {x} was born founded?",
-                str(int(C["founded"][c])),
-                C.entity_id(c),
-            )
-        if r < 8:
-            i = self._pick(len(W))
-            x = W.names[i]
-            p = int(W["creator"][i])
-            if r == 5:
-                return hop(
-                    W,
-                    i,
-                    P,
-                    p,
-                    "creator_birth_year",
-                    f"In what year was the creator of {x} born?",
-                    str(int(P["birth_year"][p])),
-                    P.entity_id(p),
-                )
-            if r == 6:
-                c = int(P["birth_place"][p])
-                return hop(
-                    W,
-                    i,
-                    P,
-                    p,
-                    "creator_birthplace",
-                    f"In which city was the creator of {x} born?",
-                    C.names[c],
-                    C.entity_id(c),
-                )
-            o = int(W["publisher"][i])
-            h = int(Org["hq"][o])
-            return hop(
-                W,
-                i,
-                Org,
-                o,
-                "publisher_hq",
-                f"In which city is the organisation that released {x} headquartered?",
-                C.names[h],
-                C.entity_id(h),
-            )
-        if r < 10:
-            i = self._pick(len(E))
-            x = E.names[i]
-            if r == 8:
-                o = int(E["organiser"][i])
-                f = int(Org["founder"][o])
-                return hop(
-                    E,
-                    i,
-                    Org,
-                    o,
-                    "organiser_founder",
-                    f"Who founded the organisation that organised the {x}?",
-                    P.names[f],
-                    P.entity_id(f),
-                )
-            c = int(E["location"][i])
-            g = int(C["region"][c])
-            return hop(
-                E,
-                i,
-                C,
-                c,
-                "event_region",
-                f"In which region is the city where the {x} was held?",
-                w.regions[g],
-                f"region:{g}",
-                [f"{w.regions[g]} region"],
-            )
-        i = self._pick(len(Org))
-        f = int(Org["founder"][i])
-        c = int(P["birth_place"][f])
-        return hop(
-            Org,
-            i,
-            P,
-            f,
-            "founder_birthplace",
-            f"In which city was the founder of the {Org.names[i]} born?",
-            C.names[c],
-            C.entity_id(c),
-        )
+    def two_hop(self) -> _Draft | None:
+        t1, col, t2, kind, question, fact = self.two_hops[self._pick(len(self.two_hops))]
+        i = self._pick(len(t1))
+        j = int(t1[col][i])
+        answer, entity, *aliases = fact(j)
+        if entity == t1.entity_id(i):  # "who founded the organisation that X works at?" → X
+            return None
+        steps = [self._step(t1, i, t2.names[j]), self._step(t2, j, answer)]
+        return _Draft(kind, question.format(t1.names[i]), answer, entity, steps, aliases)
 
     # tier 3 ---------------------------------------------------------------------
     def multi_constraint(self) -> _Draft | None:
@@ -581,7 +353,10 @@ class _Gen:
                 P["birth_year"] // 10 == by // 10,
                 f"They were born in the {by // 10 * 10}s.",
             ),
-            "occupation": (P["occupation"] == occ, f"They work as {_a(OCCUPATIONS[occ])}."),
+            "occupation": (
+                P["occupation"] == occ,
+                f"They work as {with_article(OCCUPATIONS[occ])}.",
+            ),
         }
         hops: dict[str, tuple[np.ndarray, str]] = {}
         if entry != "employer":
@@ -591,7 +366,7 @@ class _Gen:
             )
             hops["employer_field"] = (
                 self.emp_field == self.emp_field[i],
-                f"They work at {_a(FIELDS[int(self.emp_field[i])])} organisation.",
+                f"They work at {with_article(FIELDS[int(self.emp_field[i])])} organisation.",
             )
         if entry != "birth_city":
             g = int(self.bp_region[i])
@@ -683,10 +458,6 @@ class _Gen:
         return _Draft(
             "population_sum", q, f"{total:,}", C.entity_id(int(ids[0])), steps, [str(total)]
         )
-
-
-def _a(word: str) -> str:
-    return ("an " if word[0] in "aeiou" else "a ") + word
 
 
 def generate_tasks(world: World, cfg: WorldConfig | None = None) -> list[Task]:

@@ -191,7 +191,17 @@ def _even_chunks(members: np.ndarray) -> list[np.ndarray]:
     return np.array_split(members, -(-len(members) // LIST_CHUNK))
 
 
-def _a(word: str) -> str:
+def _add_lists(
+    paras: list[str], lead: str, members: np.ndarray, names: list[str], para_of: np.ndarray
+) -> None:
+    """Append list paragraphs ``lead`` + names of ``members`` (even chunks) to ``paras``, and
+    record in ``para_of`` which paragraph lists each member."""
+    for chunk in _even_chunks(members):
+        para_of[chunk] = len(paras)
+        paras.append(f"{lead} {_join_names([names[int(p)] for p in chunk])}.")
+
+
+def with_article(word: str) -> str:
     """``word`` with its indefinite article (``an astronomer``, ``a botanist``)."""
     return ("an " if word[0] in "aeiou" else "a ") + word
 
@@ -340,13 +350,13 @@ def generate_world(cfg: WorldConfig) -> World:
             f"{_fmt_int(places['population'][i])}.",
             f"It lies at an elevation of {int(places['elevation'][i])} metres.",
         ]
-        members = born_groups[i]
-        for chunk in _even_chunks(members):
-            born_list_para[chunk] = len(paras)
-            paras.append(
-                f"Notable people born in {name} include "
-                f"{_join_names([person_names[int(p)] for p in chunk])}."
-            )
+        _add_lists(
+            paras,
+            f"Notable people born in {name} include",
+            born_groups[i],
+            person_names,
+            born_list_para,
+        )
         places.doc[i] = new_doc(name, "place", paras)
 
     staff_groups = _groups(people["employer"], n_orgs)
@@ -354,34 +364,32 @@ def generate_world(cfg: WorldConfig) -> World:
     for i in range(n_orgs):
         name = org_names[i]
         paras = [
-            f"The {name} is {_a(FIELDS[int(orgs['field'][i])])} organisation founded in "
+            f"The {name} is {with_article(FIELDS[int(orgs['field'][i])])} organisation founded in "
             f"{int(orgs['founded'][i])} by {person_names[int(orgs['founder'][i])]}. It is "
             f"headquartered in {place_names[int(orgs['hq'][i])]}.",
             f"It employs about {_fmt_int(orgs['employees'][i])} people.",
         ]
-        members = staff_groups[i]
-        for chunk in _even_chunks(members):
-            staff_list_para[chunk] = len(paras)
-            paras.append(
-                f"Employees of the {name} include "
-                f"{_join_names([person_names[int(p)] for p in chunk])}."
-            )
+        _add_lists(
+            paras,
+            f"Employees of the {name} include",
+            staff_groups[i],
+            person_names,
+            staff_list_para,
+        )
         orgs.doc[i] = new_doc(name, "org", paras)
 
     people.doc = np.zeros(n_people, np.int64)
     variants = rng.integers(0, 2, n_people)
     for i in range(n_people):
         name = person_names[i]
-        she, her = PRONOUNS[int(people["pronoun"][i])]
+        she = PRONOUNS[int(people["pronoun"][i])][0]
         by, bp = int(birth_year[i]), place_names[int(people["birth_place"][i])]
         occ = OCCUPATIONS[int(people["occupation"][i])]
         org = org_names[int(people["employer"][i])]
         if variants[i] == 0:
-            opening = f"{name} (born {by} in {bp}) is {_a(occ)} who works at the {org}."
+            opening = f"{name} (born {by} in {bp}) is {with_article(occ)} who works at the {org}."
         else:
-            opening = (
-                f"{name} is {_a(occ)} at the {org}. {she.capitalize()} was born in {bp} in {by}."
-            )
+            opening = f"{name} is {with_article(occ)} at the {org}. {she.capitalize()} was born in {bp} in {by}."
         paras = [opening]
         second = []
         if award[i] >= 0:
@@ -389,20 +397,19 @@ def generate_world(cfg: WorldConfig) -> World:
         w = int(people["first_work"][i])
         if w >= 0:
             second.append(
-                f"{she.capitalize()} created {work_titles[w]}, {_a(GENRES[int(works['genre'][w])])} "
+                f"{she.capitalize()} created {work_titles[w]}, {with_article(GENRES[int(works['genre'][w])])} "
                 f"{WORK_KINDS[int(works['kind'][w])]}."
             )
         if second:
             paras.append(" ".join(second))
         paras.append(f"Outside work, {she} enjoys {HOBBIES[int(people['hobby'][i])]}.")
         people.doc[i] = new_doc(name, "person", paras)
-        _ = her
 
     works.doc = np.zeros(n_works, np.int64)
     for i in range(n_works):
         title = work_titles[i]
         paras = [
-            f"{title} is {_a(GENRES[int(works['genre'][i])])} {WORK_KINDS[int(works['kind'][i])]} "
+            f"{title} is {with_article(GENRES[int(works['genre'][i])])} {WORK_KINDS[int(works['kind'][i])]} "
             f"by {person_names[int(creator[i])]}, released in {int(works['year'][i])} by the "
             f"{org_names[int(works['publisher'][i])]}.",
             f"Critics gave it {int(works['stars'][i])} stars out of five.",
@@ -413,7 +420,7 @@ def generate_world(cfg: WorldConfig) -> World:
     for i in range(n_events):
         name = event_names[i]
         paras = [
-            f"The {name} was {_a(EVENT_KINDS[int(event_kind[i])])} held in "
+            f"The {name} was {with_article(EVENT_KINDS[int(event_kind[i])])} held in "
             f"{place_names[int(events['location'][i])]} in {int(events['year'][i])}, organised "
             f"by the {org_names[int(organiser[i])]}.",
             f"About {_fmt_int(events['attendance'][i])} people attended.",
