@@ -26,10 +26,11 @@ for SFT whose action mask is exactly the tokens to imitate.
 from __future__ import annotations
 
 import contextlib
+import functools
 import hashlib
 import json
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -64,9 +65,25 @@ class AgentEnv:
     tools: Identity
     shots: Sequence[Sequence[Message]] = ()
     codec: ObservationCodec = field(init=False)
+    prompt: Callable[[str], tuple[int, ...]] = field(init=False, repr=False)
+    """question → prompt ids (:func:`prompt_ids`), cached: the k samples of a task share one
+    prompt, which with worked examples is thousands of tokens to render and tokenize."""
 
     def __post_init__(self) -> None:
         self.codec = ObservationCodec(self.tokenizer, self.agent)
+        self.prompt = functools.lru_cache(maxsize=256)(
+            lambda q: tuple(prompt_ids(self.tokenizer, q, self.agent.protocol, self.shots))
+        )
+
+
+def prompt_ids(
+    tokenizer: Any, question: str, protocol: str, shots: Sequence[Sequence[Message]] = ()
+) -> list[int]:
+    """The episode's prompt: instructions, worked examples and the question, as chat ids
+    with the assistant turn opened."""
+    return chat_ids(
+        tokenizer, build_messages(question, protocol, shots), add_generation_prompt=True
+    )
 
 
 def tools_identity(backend: SearchBackend, search: SearchConfig, agent: AgentConfig) -> Identity:
@@ -87,7 +104,8 @@ def tools_identity(backend: SearchBackend, search: SearchConfig, agent: AgentCon
     return Identity(backend.name, "sha256:" + h.hexdigest()[:32], config)
 
 
-def _seed(*parts: object) -> int:
+def derive_seed(*parts: object) -> int:
+    """A 63-bit seed hashed from ``parts`` (per turn here; per (task, sample) in eval)."""
     h = hashlib.sha256("|".join(map(str, parts)).encode()).digest()
     return int.from_bytes(h[:8], "big") >> 1
 
@@ -146,8 +164,7 @@ def run_episode(env: AgentEnv, task: Task, *, traj_id: str, seed: int = 0) -> Tr
     """Roll out one episode of ``task`` on ``env.engine`` and return its trajectory."""
     a, tok = env.agent, env.tokenizer
     t_start = time.perf_counter()
-    messages = build_messages(task.question, a.protocol, env.shots)
-    prompt = chat_ids(tok, messages, add_generation_prompt=True)
+    prompt = env.prompt(task.question)
     budget = a.max_total_tokens
     if len(prompt) + 8 > budget:
         raise ValueError(
@@ -163,7 +180,7 @@ def run_episode(env: AgentEnv, task: Task, *, traj_id: str, seed: int = 0) -> Tr
     turn = 0
     max_new = min(a.max_new_tokens, budget - len(prompt))
     t0 = time.perf_counter()
-    fut = env.engine.submit(prompt, _params(env, max_new, _seed(seed, 0)), request_id=traj_id)
+    fut = env.engine.submit(prompt, _params(env, max_new, derive_seed(seed, 0)), request_id=traj_id)
     try:
         while True:
             out: TurnOutput = fut.result()
@@ -223,14 +240,13 @@ def run_episode(env: AgentEnv, task: Task, *, traj_id: str, seed: int = 0) -> Tr
             b.add_observation(obs_ids)
             t0 = time.perf_counter()
             fut = env.engine.submit_continue(
-                traj_id, obs_ids, _params(env, min(a.max_new_tokens, room), _seed(seed, turn))
+                traj_id, obs_ids, _params(env, min(a.max_new_tokens, room), derive_seed(seed, turn))
             )
     except EngineError as e:
         finish = f"engine_rejected: {e}"
     finally:
         with contextlib.suppress(EngineError):
             env.engine.release(traj_id)
-    em = exact_match(answer, task.answers)
     format_ok = answer is not None and malformed == 0
     traj = b.build(
         reward=reward(
@@ -240,21 +256,16 @@ def run_episode(env: AgentEnv, task: Task, *, traj_id: str, seed: int = 0) -> Tr
             format_ok=format_ok,
             format_penalty=a.format_penalty,
         ),
-        metrics={
-            "exact_match": em,
-            "f1": token_f1(answer, task.answers),
-            "num_tool_calls": float(searches + opens),
-            "num_searches": float(searches),
-            "num_opens": float(opens),
-            "num_tokens": float(len(b)),
-            "num_action_tokens": float(b.num_actions),
-            "malformed_calls": float(malformed),
-            "turns": float(n_turns),
-            "answered": float(answer is not None),
-            "truncated_observations": float(truncated_obs),
-            "min_searches": float(task.min_searches),
-            "tier": float(task.tier),
-        },
+        metrics=_metrics(
+            task,
+            b,
+            answer,
+            searches=searches,
+            opens=opens,
+            malformed=malformed,
+            turns=n_turns,
+            truncated=truncated_obs,
+        ),
         timings={
             "generation": t_gen,
             "tools": t_tools,
@@ -263,16 +274,7 @@ def run_episode(env: AgentEnv, task: Task, *, traj_id: str, seed: int = 0) -> Tr
         sampling=_params(env, a.max_new_tokens, seed),
         policy=env.policy,
         tools=env.tools,
-        meta={
-            "question": task.question,
-            "prediction": answer,
-            "answers": task.answers,
-            "tier": task.tier,
-            "kind": task.kind,
-            "split": task.split,
-            "finish": finish,
-            "seed": seed,
-        },
+        meta={**_meta(task, answer, finish), "seed": seed},
     )
     return traj
 
@@ -291,10 +293,8 @@ def oracle_trajectory(
     """The oracle's dialogue as a trajectory (teacher trace): its turns are actions of a
     deterministic policy (logprob 0, version 0, kept mass 1), everything else non-action,
     assembled exactly as :func:`run_episode` assembles a model's episode."""
-    messages = build_messages(task.question, agent.protocol, shots)
-    prompt = chat_ids(tokenizer, messages, add_generation_prompt=True)
     b = TrajectoryBuilder(traj_id, task.task_id)
-    b.add_prompt(prompt)
+    b.add_prompt(prompt_ids(tokenizer, task.question, agent.protocol, shots))
     codec = ObservationCodec(tokenizer, agent)
     cut = 0
     for action, obs in result.turns:
@@ -312,36 +312,68 @@ def oracle_trajectory(
     for j, st in enumerate(task.oracle):
         b.add_tool_call(ToolCall(j, "search", st.query, True, None, result.latencies[j]))
     b.add_tool_call(ToolCall(len(task.oracle), "answer", result.answer))
-    em = exact_match(result.answer, task.answers)
     return b.build(
-        reward=em,
-        metrics={
-            "exact_match": em,
-            "f1": token_f1(result.answer, task.answers),
-            "num_tool_calls": float(result.searches),
-            "num_searches": float(result.searches),
-            "num_opens": 0.0,
-            "num_tokens": float(len(b)),
-            "num_action_tokens": float(b.num_actions),
-            "malformed_calls": 0.0,
-            "turns": float(len(result.turns)),
-            "answered": float(result.solved),
-            "truncated_observations": float(cut),
-            "min_searches": float(task.min_searches),
-            "tier": float(task.tier),
-        },
+        reward=exact_match(result.answer, task.answers),
+        metrics=_metrics(
+            task,
+            b,
+            result.answer,
+            searches=result.searches,
+            opens=0,
+            malformed=0,
+            turns=len(result.turns),
+            truncated=cut,
+            answered=result.solved,
+        ),
         timings={"tools": sum(result.latencies)},
         sampling=SamplingParams(temperature=0.0),
         policy=Identity("oracle", "oracle-v1", {"deterministic": True}),
         tools=tools,
         meta={
-            "question": task.question,
-            "prediction": result.answer,
-            "answers": task.answers,
-            "tier": task.tier,
-            "kind": task.kind,
-            "split": task.split,
-            "finish": "answer" if result.solved else "oracle_failed",
+            **_meta(task, result.answer, "answer" if result.solved else "oracle_failed"),
             "problems": result.problems,
         },
     )
+
+
+# ----------------------------------------------------------------------------- summaries
+def _metrics(
+    task: Task,
+    b: TrajectoryBuilder,
+    answer: str | None,
+    *,
+    searches: int,
+    opens: int,
+    malformed: int,
+    turns: int,
+    truncated: int,
+    answered: bool | None = None,
+) -> dict[str, float]:
+    """The per-trajectory metrics shared by model episodes and oracle traces."""
+    return {
+        "exact_match": exact_match(answer, task.answers),
+        "f1": token_f1(answer, task.answers),
+        "num_tool_calls": float(searches + opens),
+        "num_searches": float(searches),
+        "num_opens": float(opens),
+        "num_tokens": float(len(b)),
+        "num_action_tokens": float(b.num_actions),
+        "malformed_calls": float(malformed),
+        "turns": float(turns),
+        "answered": float(answer is not None if answered is None else answered),
+        "truncated_observations": float(truncated),
+        "min_searches": float(task.min_searches),
+        "tier": float(task.tier),
+    }
+
+
+def _meta(task: Task, prediction: str | None, finish: str) -> dict[str, Any]:
+    return {
+        "question": task.question,
+        "prediction": prediction,
+        "answers": task.answers,
+        "tier": task.tier,
+        "kind": task.kind,
+        "split": task.split,
+        "finish": finish,
+    }

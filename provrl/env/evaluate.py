@@ -144,7 +144,13 @@ def evaluate(
     dtype: str = "float32",
 ) -> dict[str, Any]:
     """Evaluate ``policy`` (``oracle``, a model name or a checkpoint dir) on a split."""
-    from provrl.env.agent import AgentEnv, oracle_trajectory, run_episode, tools_identity
+    from provrl.env.agent import (
+        AgentEnv,
+        derive_seed,
+        oracle_trajectory,
+        run_episode,
+        tools_identity,
+    )
     from provrl.env.build import load_split
     from provrl.env.latency import LatencyModel, WithLatency
     from provrl.env.oracle import run_oracle
@@ -207,7 +213,7 @@ def evaluate(
                             env,
                             t,
                             traj_id=f"{t.task_id}-s{s}",
-                            seed=_job_seed(ev.seed, t, s),
+                            seed=derive_seed(ev.seed, t.task_id, s),
                         )
                         for t, s in jobs
                     ]
@@ -250,13 +256,6 @@ def evaluate(
             )
         mw.log(0, flat, prefix=f"eval/{ev.split}")
     return summary
-
-
-def _job_seed(seed: int, task: Task, sample: int) -> int:
-    import hashlib
-
-    h = hashlib.sha256(f"{seed}|{task.task_id}|{sample}".encode()).digest()
-    return int.from_bytes(h[:8], "big") >> 1
 
 
 def _backend(world_dir: str | os.PathLike[str], cfg: EnvConfig) -> Any:
