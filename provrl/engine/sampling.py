@@ -55,9 +55,14 @@ class KeptSet:
         return (self.probs * self.keep).sum(-1)
 
 
-def is_truncated(top_k: int, top_p: float, vocab_size: int) -> bool:
-    """Whether (k, p) cut anything: k ∈ (0, V) or p < 1."""
-    return (0 < top_k < vocab_size) or top_p < 1.0
+def row_kinds(
+    temperature: torch.Tensor, top_k: torch.Tensor, top_p: torch.Tensor, vocab_size: int
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(greedy, truncated, plain) boolean masks [R]: τ = 0; τ > 0 and (k, p) cut something
+    (k ∈ (0, V) or p < 1); τ > 0 and nothing is cut (q = π_τ)."""
+    greedy = temperature <= 0
+    truncated = ~greedy & (((top_k > 0) & (top_k < vocab_size)) | (top_p < 1.0))
+    return greedy, truncated, ~greedy & ~truncated
 
 
 def kept_set(z: torch.Tensor, top_k: torch.Tensor, top_p: torch.Tensor) -> KeptSet:
@@ -152,9 +157,7 @@ def sample(
     kept = torch.ones(R, dtype=torch.float64)
     u = u.double().clamp(0.0, 1.0 - 1e-12)
 
-    greedy = temperature <= 0
-    truncated = ~greedy & (((top_k > 0) & (top_k < V)) | (top_p < 1.0))
-    plain = ~greedy & ~truncated
+    greedy, truncated, plain = row_kinds(temperature, top_k, top_p, V)
 
     if bool(greedy.any()):
         g = torch.nonzero(greedy).flatten()
@@ -205,26 +208,36 @@ def behaviour_logprob(
 ) -> Sampled:
     """log q(a) and m for given tokens (no sampling): what :func:`sample` would record had
     it drawn ``tokens`` from these logits. A token outside S gets log q = −inf; for greedy
-    rows log q = 0 if the token is the argmax, else −inf. Used by the KV-staleness audit."""
-    R = logits.shape[0]
+    rows log q = 0 if the token is the argmax, else −inf. Used by the KV-staleness audit.
+    Rows are processed together, split like :func:`sample` (:func:`row_kinds`)."""
+    R, V = logits.shape
     logits = logits.float()
+    a = tokens.long()
     logprob = torch.zeros(R, dtype=torch.float64)
     kept = torch.ones(R, dtype=torch.float64)
-    for i in range(R):
-        lg, a = logits[i], int(tokens[i])
-        t = float(temperature[i])
-        if t <= 0:
-            b = int(lg.argmax())
-            kept[i] = float(torch.softmax(lg.double(), -1)[b])
-            logprob[i] = 0.0 if b == a else float("-inf")
-            continue
-        z = (lg / t)[None]
-        ks = kept_set(z, top_k[i : i + 1], top_p[i : i + 1])
-        m = ks.kept_mass[0]
-        kept[i] = m
-        hit = (ks.idx[0] == a) & ks.keep[0]
-        if bool(hit.any()):
-            logprob[i] = (z[0, a].double() - ks.log_z[0]) - torch.log(m)
-        else:
-            logprob[i] = float("-inf")
+    greedy, truncated, plain = row_kinds(temperature, top_k, top_p, V)
+
+    if bool(greedy.any()):
+        g = torch.nonzero(greedy).flatten()
+        lg = logits[g].double()
+        b = lg.argmax(-1)
+        kept[g] = (lg.gather(-1, b[:, None]).squeeze(-1) - torch.logsumexp(lg, -1)).exp()
+        logprob[g] = torch.where(b == a[g], 0.0, float("-inf")).double()
+
+    if bool(plain.any()):
+        r = torch.nonzero(plain).flatten()
+        z = logits[r] / temperature[r, None].float()
+        # log q(a) = log π_τ(a) = z_a − logsumexp z; m = 1
+        logprob[r] = z.gather(-1, a[r, None]).squeeze(-1).double() - torch.logsumexp(z.double(), -1)
+
+    if bool(truncated.any()):
+        r = torch.nonzero(truncated).flatten()
+        z = logits[r] / temperature[r, None].float()
+        ks = kept_set(z, top_k[r], top_p[r])
+        m = ks.kept_mass
+        kept[r] = m
+        in_s = ((ks.idx == a[r, None]) & ks.keep).any(-1)
+        log_pi = z.gather(-1, a[r, None]).squeeze(-1).double() - ks.log_z
+        logprob[r] = torch.where(in_s, log_pi - torch.log(m), float("-inf"))
+
     return Sampled(tokens.clone(), logprob.float(), kept.float())
