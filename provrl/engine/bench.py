@@ -72,16 +72,6 @@ def matmul_gflops(n: int = 2048, repeats: int = 5) -> tuple[float, float]:
     return flop / median(wall) / 1e9, flop / median(cpu) / 1e9
 
 
-def n_params(model: Any) -> int:
-    """Parameters, each shared tensor counted once (the tied embedding)."""
-    seen, total = set(), 0
-    for p in model.parameters():
-        if p.data_ptr() not in seen:
-            seen.add(p.data_ptr())
-            total += p.numel()
-    return total
-
-
 @torch.no_grad()
 def hf_generate(lm: Any, prompts: list[list[int]], new_tokens: int) -> tuple[int, float]:
     """(tokens, seconds) of HF ``generate`` sampling exactly ``new_tokens`` per prompt."""
@@ -255,7 +245,6 @@ def run_engine_benchmark(
         torch.set_num_threads(threads)
     lm = load_model(model)
     prompts = bench_prompts(lm.tokenizer, concurrency)
-    params = n_params(lm.model)
     cfg = EngineConfig(
         max_seqs=concurrency,
         max_context=max(len(p) for p in prompts) + max(new_tokens, hotload_tokens) + 8,
@@ -263,6 +252,7 @@ def run_engine_benchmark(
         prefix_cache=prefix_cache,
     )
     engine = LocalEngine(lm, cfg)
+    params = engine.shape.n_params  # the tied embedding counted once
     say("warm-up")
     hf_generate(lm, prompts[:4], 4)
     engine_run(engine, prompts[:4], 4, seed=0)

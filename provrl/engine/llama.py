@@ -237,14 +237,9 @@ class Rope:
         return cls(cos[0].to(device, dtype), sin_signed.to(device, dtype))
 
 
-def rotate_half(x: torch.Tensor) -> torch.Tensor:
-    """(x₁, x₂) ↦ (−x₂, x₁) on the two halves of the last dimension (HF's definition)."""
-    x1, x2 = x.chunk(2, dim=-1)
-    return torch.cat((-x2, x1), dim=-1)
-
-
 def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin_signed: torch.Tensor) -> torch.Tensor:
-    """RoPE(x) = x ⊙ cos + rotate_half(x) ⊙ sin for x [N, heads, d], cos [N, 1, d].
+    """RoPE(x) = x ⊙ cos + rotate_half(x) ⊙ sin for x [N, heads, d], cos [N, 1, d], with
+    HF's rotate_half(x₁, x₂) = (−x₂, x₁) on the two halves of the last dimension.
 
     Written as x ⊙ cos + swap(x) ⊙ sin⁻ with swap(x₁, x₂) = (x₂, x₁) and
     sin⁻ = (−sin₁, sin₂), which is rotate_half(x) ⊙ sin term by term (three ops)."""
@@ -280,8 +275,6 @@ class KVCache:
         size = (shape.n_layers, n_slots, shape.n_kv_heads, max_context, shape.head_dim)
         self.k = _lazy_zeros(size, dtype, device)
         self.v = _lazy_zeros(size, dtype, device)
-        self.n_slots = n_slots
-        self.max_context = max_context
 
     def swap(self, a: int, b: int, len_a: int, len_b: int) -> None:
         """Exchange the first ``len_a`` / ``len_b`` positions of slots a and b."""
@@ -294,9 +287,6 @@ class KVCache:
         """Copy the first ``n`` positions of slot ``src`` into slot ``dst``."""
         for t in (self.k, self.v):
             t[:, dst, :, :n] = t[:, src, :, :n]
-
-    def nbytes_per_token(self) -> int:
-        return 2 * self.k[:, 0, :, 0].numel() * self.k.element_size()
 
 
 # ----------------------------------------------------------------------------- one step

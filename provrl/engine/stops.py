@@ -21,9 +21,6 @@ class StopMatcher:
         self.stops = tuple(s for s in stops if s)
         self.window = max((len(s.encode()) for s in self.stops), default=0) + 3
 
-    def __bool__(self) -> bool:
-        return bool(self.stops)
-
     def match(self, turn_ids: Sequence[int]) -> str | None:
         """The stop string found in the decoded tail of ``turn_ids`` (sampled ids of this
         turn, the newest last), or None."""
