@@ -123,6 +123,46 @@ class _Audit:
 
 
 @dataclass
+class _StepBuilder:
+    """The index lists of one forward step, grown row by row (decode rows first)."""
+
+    tokens: list[int] = field(default_factory=list)
+    positions: list[int] = field(default_factory=list)
+    slots: list[int] = field(default_factory=list)
+    chunks: list[Chunk] = field(default_factory=list)
+    logit_rows: list[int] = field(default_factory=list)
+
+    def decode(self, slot: int, token: int, position: int) -> None:
+        """One decode row that samples (call before any :meth:`chunk`)."""
+        self.logit_rows.append(len(self.tokens))
+        self.tokens.append(token)
+        self.positions.append(position)
+        self.slots.append(slot)
+
+    def chunk(self, slot: int, ids: list[int], start: int, n: int) -> None:
+        """Prefill ``ids[start:start+n]`` into ``slot`` at positions ``start … start+n-1``."""
+        self.chunks.append(Chunk(slot, start, len(self.tokens), n))
+        self.tokens.extend(ids[start : start + n])
+        self.positions.extend(range(start, start + n))
+        self.slots.extend([slot] * n)
+
+    def build(self, device: str, n_decode: int = 0) -> StepInputs:
+        """The lists as int64 tensors on ``device``; rows 0 … n_decode-1 are decode rows."""
+
+        def t(xs: list[int]) -> torch.Tensor:
+            return torch.tensor(xs, dtype=torch.int64, device=device)
+
+        return StepInputs(
+            t(self.tokens),
+            t(self.positions),
+            t(self.slots),
+            n_decode,
+            self.chunks,
+            t(self.logit_rows),
+        )
+
+
+@dataclass
 class _Plan:
     inputs: StepInputs
     rows: list[_Request]  # the request of each logit row
@@ -661,42 +701,24 @@ class LocalEngine:
             budget -= n
         if not decode and not chunks:
             return None
-        tokens: list[int] = []
-        positions: list[int] = []
-        slots: list[int] = []
+        step = _StepBuilder()
         rows: list[_Request] = []
-        logit_rows: list[int] = []
         fed: list[tuple[_Request, int]] = []
         for req in decode:
             assert req.slot is not None
-            logit_rows.append(len(tokens))
+            step.decode(req.slot, req.ids[-1], req.n_cached)
             rows.append(req)
-            tokens.append(req.ids[-1])
-            positions.append(req.n_cached)
-            slots.append(req.slot)
             fed.append((req, 1))
-        step_chunks = []
         for req, n in chunks:
             assert req.slot is not None
             if req.n_cached == 0:
                 req.kv_min = self._version
-            step_chunks.append(Chunk(req.slot, req.n_cached, len(tokens), n))
-            tokens.extend(req.ids[req.n_cached : req.n_cached + n])
-            positions.extend(range(req.n_cached, req.n_cached + n))
-            slots.extend([req.slot] * n)
+            step.chunk(req.slot, req.ids, req.n_cached, n)
             fed.append((req, n))
             if n == req.pending:
-                logit_rows.append(len(tokens) - 1)
+                step.logit_rows.append(len(step.tokens) - 1)
                 rows.append(req)
-        device = self.cfg.device
-        inputs = StepInputs(
-            torch.tensor(tokens, device=device),
-            torch.tensor(positions, device=device),
-            torch.tensor(slots, device=device),
-            len(decode),
-            step_chunks,
-            torch.tensor(logit_rows, device=device, dtype=torch.int64),
-        )
+        inputs = step.build(self.cfg.device, len(decode))
         params = (
             torch.tensor([r.params.temperature for r in rows], dtype=torch.float32),
             torch.tensor([r.params.top_k for r in rows], dtype=torch.int64),
@@ -776,31 +798,16 @@ class LocalEngine:
         queue = deque((r, 0) for r in todo)
         while queue:
             budget = max(self.cfg.prefill_chunk, 1)
-            chunks: list[Chunk] = []
-            tokens: list[int] = []
-            positions: list[int] = []
-            slots: list[int] = []
+            step = _StepBuilder()
             while queue and budget > 0:
                 r, start = queue.popleft()
                 n = min(r.n_cached - start, budget)
                 assert r.slot is not None
-                chunks.append(Chunk(r.slot, start, len(tokens), n))
-                tokens.extend(r.ids[start : start + n])
-                positions.extend(range(start, start + n))
-                slots.extend([r.slot] * n)
+                step.chunk(r.slot, r.ids, start, n)
                 budget -= n
                 if start + n < r.n_cached:
                     queue.appendleft((r, start + n))
-            dev = self.cfg.device
-            x = StepInputs(
-                torch.tensor(tokens, device=dev),
-                torch.tensor(positions, device=dev),
-                torch.tensor(slots, device=dev),
-                0,
-                chunks,
-                torch.zeros(0, dtype=torch.int64, device=dev),
-            )
-            forward(self.weights, self.kv, self.rope, x, self._mlp)
+            forward(self.weights, self.kv, self.rope, step.build(self.cfg.device), self._mlp)
         for r in todo:
             r.kv_min = self._version
         return total
@@ -836,16 +843,12 @@ class LocalEngine:
             if a.version != self._version:
                 continue  # the weights moved on: v_t can no longer be recomputed here
             n = max(a.positions)  # tokens ids[:n] are fed; row t-1 predicts ids[t]
-            dev = self.cfg.device
-            x = StepInputs(
-                torch.tensor(a.ids[:n], device=dev),
-                torch.arange(n, device=dev),
-                torch.full((n,), self.cfg.max_seqs, device=dev),
-                0,
-                [Chunk(self.cfg.max_seqs, 0, 0, n)],
-                torch.tensor([t - 1 for t in a.positions], device=dev),
+            step = _StepBuilder()
+            step.chunk(self.cfg.max_seqs, a.ids, 0, n)
+            step.logit_rows = [t - 1 for t in a.positions]
+            logits = forward(
+                self.weights, self.kv, self.rope, step.build(self.cfg.device), self._mlp
             )
-            logits = forward(self.weights, self.kv, self.rope, x, self._mlp)
             k = len(a.positions)
             fresh = behaviour_logprob(
                 logits.cpu(),
