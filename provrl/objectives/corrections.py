@@ -143,6 +143,24 @@ def _per_token(x: torch.Tensor, like: torch.Tensor) -> torch.Tensor:
     return x[:, None].expand_as(like).to(like.dtype)
 
 
+def _behaviour_log_ratio(
+    logprox: torch.Tensor, logq: torch.Tensor, mask: torch.Tensor, clamp: float
+) -> torch.Tensor:
+    """log ρ_t = log π_prox(a_t|h_t) − log q_{v_t}(a_t|h_t), detached (clamped, 0 off mask)."""
+    return log_ratio(logprox.detach(), logq.detach(), mask, clamp=clamp)
+
+
+def _around_prox(
+    logp: torch.Tensor,
+    logprox: torch.Tensor,
+    weight: torch.Tensor,
+    mask: torch.Tensor,
+    clamp: float,
+) -> Correction:
+    """A correction whose clipped ratio is r_t = π_θ/π_prox on ``mask``, with weight c_t."""
+    return Correction(token_ratio(logp, logprox.detach(), mask, clamp=clamp), weight, mask)
+
+
 # ----------------------------------------------------------------------------- corrections
 def on_policy(
     logp: torch.Tensor, logprox: torch.Tensor, mask: torch.Tensor, *, clamp: float = 20.0
@@ -153,8 +171,7 @@ def on_policy(
 
     Exact only for strictly on-policy, untruncated sampling; with mixed versions or
     top-p/top-k it is biased (see tests/objectives/test_unbiasedness.py)."""
-    r = token_ratio(logp, logprox.detach(), mask, clamp=clamp)
-    return Correction(r, mask.to(logp.dtype), mask)
+    return _around_prox(logp, logprox, mask.to(logp.dtype), mask, clamp)
 
 
 def token_is(
@@ -185,9 +202,9 @@ def tis(
               \\rho_t = \\pi_{prox}(a_t|h_t)/q_{v_t}(a_t|h_t)
 
     Truncation trades a bounded bias (only where ρ_t > C) for bounded variance."""
-    lr = log_ratio(logprox.detach(), logq.detach(), mask, clamp=clamp)
+    lr = _behaviour_log_ratio(logprox, logq, mask, clamp)
     c = torch.where(mask, truncated_weight(lr, cap), 0.0)
-    return Correction(token_ratio(logp, logprox.detach(), mask, clamp=clamp), c, mask)
+    return _around_prox(logp, logprox, c, mask, clamp)
 
 
 def icepop(
@@ -206,10 +223,9 @@ def icepop(
               M_t = 1[\\alpha \\le \\rho_t \\le \\beta]
 
     Masked tokens get neither gradient nor weight (their mismatch is treated as noise)."""
-    lr = log_ratio(logprox.detach(), logq.detach(), mask, clamp=clamp)
+    lr = _behaviour_log_ratio(logprox, logq, mask, clamp)
     m = mask & band_mask(lr, low, high)
-    c = torch.where(m, lr.exp(), 0.0)
-    return Correction(token_ratio(logp, logprox.detach(), m, clamp=clamp), c, m)
+    return _around_prox(logp, logprox, torch.where(m, lr.exp(), 0.0), m, clamp)
 
 
 def seq_tis(
@@ -230,7 +246,7 @@ def seq_tis(
     (when supp q ⊇ supp π) — the estimator that needs exact per-token provenance."""
     log_w = sequence_log_weight(logprox.detach(), logq.detach(), mask)
     c = torch.where(mask, _per_token(truncated_weight(log_w, cap), logp), 0.0)
-    return Correction(token_ratio(logp, logprox.detach(), mask, clamp=clamp), c, mask)
+    return _around_prox(logp, logprox, c, mask, clamp)
 
 
 def seq_mis(
@@ -251,7 +267,7 @@ def seq_mis(
     log_w = sequence_log_weight(logprox.detach(), logq.detach(), mask)
     m = mask & _per_token(band_mask(log_w, low, high), mask).bool()
     c = torch.where(m, _per_token(truncated_weight(log_w, None), logp), 0.0)
-    return Correction(token_ratio(logp, logprox.detach(), m, clamp=clamp), c, m)
+    return _around_prox(logp, logprox, c, m, clamp)
 
 
 def geo_mask(
@@ -272,7 +288,7 @@ def geo_mask(
               \\bar\\rho(\\tau) = \\exp\\Big(\\tfrac{1}{|\\tau|}\\sum_t \\log\\rho_t\\Big)"""
     log_g = geometric_mean_log_ratio(logprox.detach(), logq.detach(), mask)
     m = mask & _per_token(band_mask(log_g, low, high), mask).bool()
-    return Correction(token_ratio(logp, logprox.detach(), m, clamp=clamp), m.to(logp.dtype), m)
+    return _around_prox(logp, logprox, m.to(logp.dtype), m, clamp)
 
 
 def decoupled(
@@ -292,10 +308,9 @@ def decoupled(
 
     As in AReaL (``behav_imp_weight_cap``), tokens whose behaviour weight exceeds the cap
     are dropped rather than truncated. C = None keeps every token."""
-    lr = log_ratio(logprox.detach(), logq.detach(), mask, clamp=clamp)
+    lr = _behaviour_log_ratio(logprox, logq, mask, clamp)
     m = mask if cap is None else mask & band_mask(lr, 0.0, cap)
-    c = torch.where(m, lr.exp(), 0.0)
-    return Correction(token_ratio(logp, logprox.detach(), m, clamp=clamp), c, m)
+    return _around_prox(logp, logprox, torch.where(m, lr.exp(), 0.0), m, clamp)
 
 
 def gspo(
