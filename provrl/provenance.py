@@ -36,7 +36,7 @@ import dataclasses
 import math
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Literal
+from typing import TYPE_CHECKING, Any, Literal, Protocol
 
 import numpy as np
 
@@ -320,6 +320,26 @@ def _nan_equal(x: Any, y: Any) -> bool:
 
 
 # ------------------------------------------------------------------------- building
+class SampledTokens(Protocol):
+    """What an engine returns for one generation call (``provrl.engine.TurnOutput``): the
+    sampled ids with their provenance, one entry per token (``replica`` for all of them)."""
+
+    @property
+    def token_ids(self) -> Sequence[int]: ...
+    @property
+    def logprob(self) -> np.ndarray: ...
+    @property
+    def kept_mass(self) -> np.ndarray: ...
+    @property
+    def version(self) -> np.ndarray: ...
+    @property
+    def kv_min(self) -> np.ndarray: ...
+    @property
+    def kv_max(self) -> np.ndarray: ...
+    @property
+    def replica(self) -> int: ...
+
+
 class TrajectoryBuilder:
     """Assemble a trajectory chunk by chunk, as the agent loop sees it.
 
@@ -421,6 +441,18 @@ class TrajectoryBuilder:
                 "kv_max": np.asarray(kv_max),
                 "replica": np.asarray(replica),
             },
+        )
+
+    def add_sampled(self, out: SampledTokens) -> None:
+        """Append one engine generation call's tokens as actions, provenance as recorded."""
+        self.add_actions(
+            out.token_ids,
+            logprob=out.logprob,
+            kept_mass=out.kept_mass,
+            version=out.version,
+            kv_min=out.kv_min,
+            kv_max=out.kv_max,
+            replica=out.replica,
         )
 
     def add_tool_call(self, call: ToolCall) -> None:

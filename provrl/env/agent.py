@@ -189,15 +189,7 @@ def run_episode(env: AgentEnv, task: Task, *, traj_id: str, seed: int = 0) -> Tr
                 finish = f"engine_{out.finish_reason}"
                 break
             n_turns += 1
-            b.add_actions(
-                out.token_ids,
-                logprob=out.logprob,
-                kept_mass=out.kept_mass,
-                version=out.version,
-                kv_min=out.kv_min,
-                kv_max=out.kv_max,
-                replica=out.replica,
-            )
+            b.add_sampled(out)
             text = tok.decode(out.token_ids, skip_special_tokens=False)
             parsed = parse(text, a.protocol)
             if isinstance(parsed, Call) and parsed.name == "answer":

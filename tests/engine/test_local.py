@@ -98,9 +98,7 @@ def test_multi_turn_continue_keeps_the_cache_and_stays_exact(make_engine, tiny, 
     for turn, extra in ((first, None), (second, tool)):
         if extra is not None:
             b.add_observation(extra)
-        b.add_actions(turn.token_ids, logprob=turn.logprob, kept_mass=turn.kept_mass,
-                      version=turn.version, kv_min=turn.kv_min, kv_max=turn.kv_max,
-                      replica=turn.replica)  # fmt: skip
+        b.add_sampled(turn)
     assert b.build().token_id.tolist() == ids
     eng.release(first.request_id)
     with pytest.raises(EngineError, match="unknown request id"):

@@ -51,8 +51,7 @@ def test_replicas_at_different_versions_stamp_their_tokens(make_engine, tiny, pr
         assert (o.version == o.replica).all()  # replica 1 runs version 1
         b = TrajectoryBuilder(f"t{i}", "task")
         b.add_prompt(p)
-        b.add_actions(o.token_ids, logprob=o.logprob, kept_mass=o.kept_mass, version=o.version,
-                      kv_min=o.kv_min, kv_max=o.kv_max, replica=o.replica)  # fmt: skip
+        b.add_sampled(o)
         trajs.append(b.build())  # validates the provenance invariant
     versions = {int(v) for t in trajs for v in t.version if v != NO_VERSION}
     assert versions == {0, 1}
