@@ -46,8 +46,13 @@ def run_demo(cfg: RunConfig) -> dict[str, Any]:
     from provrl.engine import LocalEngine
     from provrl.env.agent import AgentEnv, run_episode, tools_identity
     from provrl.env.build import ensure_world, load_split
-    from provrl.env.evaluate import evaluate, select_tasks, summarize, worked_examples
-    from provrl.env.sqlite_index import SqliteSearch, cached_index
+    from provrl.env.evaluate import (
+        evaluate,
+        search_backend,
+        select_tasks,
+        summarize,
+        worked_examples,
+    )
     from provrl.models import load_model
     from provrl.provenance import Identity, Trajectory
     from provrl.report.metrics import MetricsWriter
@@ -85,12 +90,7 @@ def run_demo(cfg: RunConfig) -> dict[str, Any]:
         f"{a.shots}-shot, hot-load after {d.train_groups} groups"
     )
     lm = load_model(cfg.model.name, dtype=cfg.model.dtype, device=cfg.model.device)
-    backend = SqliteSearch(
-        cached_index(world_dir),
-        title_weight=cfg.env.search.title_weight,
-        snippet_words=cfg.env.search.snippet_words,
-        open_words=cfg.env.search.open_words,
-    )
+    backend = search_backend(world_dir, cfg.env)
     tools = tools_identity(backend, cfg.env.search, a)
     dev = select_tasks([t for t in load_split(world_dir, "dev") if t.tier == 1], d.tasks, cfg.seed)
     shots = worked_examples(

@@ -152,7 +152,6 @@ def evaluate(
         tools_identity,
     )
     from provrl.env.build import load_split
-    from provrl.env.latency import LatencyModel, WithLatency
     from provrl.env.oracle import run_oracle
     from provrl.report.metrics import MetricsWriter
     from provrl.trajlog import TrajectoryWriter
@@ -164,9 +163,7 @@ def evaluate(
     tasks = select_tasks(candidates, ev.n, ev.seed)
     if not tasks:
         raise ValueError(f"{world_dir}: split {ev.split!r} has no tasks")
-    backend: Any = _backend(world_dir, cfg)
-    if cfg.search.latency.kind != "none":
-        backend = WithLatency(backend, LatencyModel(cfg.search.latency), a.tool_timeout_s)
+    backend = search_backend(world_dir, cfg)
     tools = tools_identity(backend, cfg.search, a)
     shots: list[list[Message]] = []
     if a.shots:
@@ -258,19 +255,28 @@ def evaluate(
     return summary
 
 
-def _backend(world_dir: str | os.PathLike[str], cfg: EnvConfig) -> Any:
+def search_backend(world_dir: str | os.PathLike[str], cfg: EnvConfig) -> Any:
+    """The search tool ``cfg.search`` describes: the world's SQLite BM25 index (or the HTTP
+    client), wrapped in the simulated latency when ``cfg.search.latency`` asks for it."""
+    backend: Any
     if cfg.search.backend == "http":
         from provrl.env.http_search import HttpSearch
 
-        return HttpSearch(cfg.search.url, cfg.agent.tool_timeout_s)
-    from provrl.env.sqlite_index import SqliteSearch, cached_index
+        backend = HttpSearch(cfg.search.url, cfg.agent.tool_timeout_s)
+    else:
+        from provrl.env.sqlite_index import SqliteSearch, cached_index
 
-    return SqliteSearch(
-        cached_index(world_dir),
-        title_weight=cfg.search.title_weight,
-        snippet_words=cfg.search.snippet_words,
-        open_words=cfg.search.open_words,
-    )
+        backend = SqliteSearch(
+            cached_index(world_dir),
+            title_weight=cfg.search.title_weight,
+            snippet_words=cfg.search.snippet_words,
+            open_words=cfg.search.open_words,
+        )
+    if cfg.search.latency.kind != "none":
+        from provrl.env.latency import LatencyModel, WithLatency
+
+        backend = WithLatency(backend, LatencyModel(cfg.search.latency), cfg.agent.tool_timeout_s)
+    return backend
 
 
 class _NoBar:
