@@ -20,7 +20,7 @@ bound, its looser form, the KL lower bound, and tight ≤ loose.
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from typing import Any
 
 import numpy as np
@@ -202,6 +202,16 @@ def adversarial_search(
     return best_pi, best_new, np.asarray(ratios)
 
 
+def _append(rep: PairReport, more: PairReport) -> PairReport:
+    """The pairs of ``rep`` followed by those of ``more`` (1-D batches)."""
+    return PairReport(
+        **{
+            f.name: np.concatenate([getattr(rep, f.name), getattr(more, f.name)])
+            for f in fields(rep)
+        }
+    )
+
+
 @dataclass
 class BoundCheckResult:
     """Per-pair arrays (for the plot) and the JSON summary."""
@@ -247,12 +257,9 @@ def check_bounds(cfg: BoundCheckConfig, *, progress: bool = True) -> BoundCheckR
             adv_pi, adv_new, _ = adversarial_search(
                 rng, mdp, pi[j], new[j], cfg.search_steps, cfg.search_candidates
             )
-            pi = np.concatenate([pi, adv_pi[None]])
-            new = np.concatenate([new, adv_new[None]])
             fam = [*fam, "search"]
-            rep = compare(mdp, pi, new)
-        qmax = float(np.abs(evaluate(mdp, pi).Q).max())
-        viol = violations(mdp, rep, cfg, qmax)
+            rep = _append(rep, compare(mdp, adv_pi[None], adv_new[None]))
+        viol = violations(mdp, rep, cfg, float(rep.q_max.max()))
         for name, v in misreading_violations(mdp, rep).items():
             misread[name] = misread.get(name, 0) + int(v.sum())
         for name, v in viol.items():

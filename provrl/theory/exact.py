@@ -51,10 +51,17 @@ def _resolvent_system(mdp: TabularMDP, pi: np.ndarray) -> np.ndarray:
     return np.eye(mdp.n_states) - mdp.gamma * policy_transition(mdp, pi)
 
 
+def _solve_columns(a: np.ndarray, *b: np.ndarray) -> list[np.ndarray]:
+    """Batched ``a x_i = b_i`` for vectors ``b_i[..., n]``, one factorisation of ``a`` for all
+    right-hand sides (NumPy ≥ 2 needs them as explicit columns)."""
+    cols = np.stack([np.broadcast_to(v, a.shape[:-1]) for v in b], -1)
+    x = np.linalg.solve(a, cols)
+    return [x[..., i] for i in range(len(b))]
+
+
 def _solve(a: np.ndarray, b: np.ndarray) -> np.ndarray:
-    """Batched ``a x = b`` for vectors ``b[..., n]`` (NumPy ≥ 2 needs the explicit column)."""
-    b = np.broadcast_to(b, a.shape[:-1])
-    return np.linalg.solve(a, b[..., None])[..., 0]
+    """Batched ``a x = b`` for vectors ``b[..., n]``."""
+    return _solve_columns(a, b)[0]
 
 
 def state_values(mdp: TabularMDP, pi: np.ndarray) -> np.ndarray:
@@ -129,14 +136,26 @@ class Evaluation:
     J: np.ndarray
 
 
+def _evaluation(mdp: TabularMDP, pi: np.ndarray, M: np.ndarray, rho: np.ndarray) -> Evaluation:
+    """The rest of :func:`evaluate` given M = I − γ P_π and ρ_π: V_π = M⁻¹ r_π, Q_π, A_π, J."""
+    V = _solve(M, policy_reward(mdp, pi))
+    Q = action_values(mdp, V)
+    return Evaluation(V=V, Q=Q, A=Q - V[..., None], rho=rho, J=expected_return(mdp, V))
+
+
 def evaluate(mdp: TabularMDP, pi: np.ndarray) -> Evaluation:
     """V_π, Q_π, A_π = Q_π − V_π, ρ_π and J(π) by two linear solves."""
     pi = _check_policy(mdp, pi)
     M = _resolvent_system(mdp, pi)
-    V = _solve(M, policy_reward(mdp, pi))
-    Q = action_values(mdp, V)
-    rho = _solve(np.swapaxes(M, -1, -2), mdp.mu0)
-    return Evaluation(V=V, Q=Q, A=Q - V[..., None], rho=rho, J=expected_return(mdp, V))
+    return _evaluation(mdp, pi, M, _solve(np.swapaxes(M, -1, -2), mdp.mu0))
+
+
+def _occupancy_difference_rhs(
+    mdp: TabularMDP, pi: np.ndarray, pi_new: np.ndarray, rho_new: np.ndarray
+) -> np.ndarray:
+    """γ (P_π' − P_π)ᵀ ρ_π', with P_π' − P_π = Σ_a (π' − π) P."""
+    dP = policy_transition(mdp, pi_new - pi)
+    return mdp.gamma * np.einsum("...st,...s->...t", dP, rho_new)
 
 
 def occupancy_difference(
@@ -144,8 +163,7 @@ def occupancy_difference(
 ) -> np.ndarray:
     """ρ_π' − ρ_π without cancellation: from ρ_π'ᵀ(I − γP_π') = μ₀ᵀ = ρ_πᵀ(I − γP_π),
     (I − γ P_π)ᵀ (ρ_π' − ρ_π) = γ (P_π' − P_π)ᵀ ρ_π', and P_π' − P_π = Σ_a (π' − π) P."""
-    dP = policy_transition(mdp, pi_new - pi)
-    rhs = mdp.gamma * np.einsum("...st,...s->...t", dP, rho_new)
+    rhs = _occupancy_difference_rhs(mdp, pi, pi_new, rho_new)
     return _solve(np.swapaxes(_resolvent_system(mdp, pi), -1, -2), rhs)
 
 
@@ -156,7 +174,8 @@ class PairReport:
     ``gap = J(π') − L_π(π') = Σ_s (ρ_π' − ρ_π)(s) Ā(s)`` is computed from the occupancy
     difference (no cancellation), so it is accurate even when it is ~1e-12 of J.
     ``tv_mean``/``kl_mean`` are the d_π-averages (d_π = (1−γ)ρ_π) that practical TRPO
-    constrains; Theorem 1 needs the maxima ``alpha``/``kl_max``."""
+    constrains; Theorem 1 needs the maxima ``alpha``/``kl_max``. ``q_max = max_{s,a} |Q_π|``
+    sizes the round-off slack of the bound checks."""
 
     J_old: np.ndarray
     J_new: np.ndarray
@@ -173,6 +192,7 @@ class PairReport:
     bound_loose: np.ndarray
     C: np.ndarray
     kl_lower_bound: np.ndarray
+    q_max: np.ndarray
 
 
 def compare(mdp: TabularMDP, pi: np.ndarray, pi_new: np.ndarray) -> PairReport:
@@ -181,19 +201,25 @@ def compare(mdp: TabularMDP, pi: np.ndarray, pi_new: np.ndarray) -> PairReport:
     pi = _check_policy(mdp, pi, "pi")
     pi_new = _check_policy(mdp, pi_new, "pi_new")
     pi, pi_new = np.broadcast_arrays(pi, pi_new)
-    old, new = evaluate(mdp, pi), evaluate(mdp, pi_new)
+    new = evaluate(mdp, pi_new)
+    # ρ_π and ρ_π' − ρ_π solve the same system (I − γ P_π)ᵀ x = b: one factorisation
+    M = _resolvent_system(mdp, pi)
+    rho, d_rho = _solve_columns(
+        np.swapaxes(M, -1, -2), mdp.mu0, _occupancy_difference_rhs(mdp, pi, pi_new, new.rho)
+    )
+    old = _evaluation(mdp, pi, M, rho)
     A_bar = mean_advantage(old.A, pi_new, pi)
     identity_rhs = np.einsum("...s,...s->...", new.rho, A_bar)
     surrogate = old.J + np.einsum("...s,...s->...", old.rho, A_bar)
-    d_rho = occupancy_difference(mdp, pi, pi_new, new.rho)
     gap = np.einsum("...s,...s->...", d_rho, A_bar)
-    alpha = tv_distance(pi, pi_new).max(-1)
+    tv, kl = tv_distance(pi, pi_new), kl_divergence(pi, pi_new)
+    alpha = tv.max(-1)
     epsilon = np.abs(old.A).max(axis=(-2, -1))
-    kl_max = kl_divergence(pi, pi_new).max(-1)
+    kl_max = kl.max(-1)
     C = penalty_coefficient(epsilon, mdp.gamma)
     d = (1.0 - mdp.gamma) * old.rho  # normalised state distribution d_π
-    tv_mean = np.einsum("...s,...s->...", d, tv_distance(pi, pi_new))
-    kl_mean = np.einsum("...s,...s->...", d, kl_divergence(pi, pi_new))
+    tv_mean = np.einsum("...s,...s->...", d, tv)
+    kl_mean = np.einsum("...s,...s->...", d, kl)
     with np.errstate(invalid="ignore"):  # C = 0 (no advantage anywhere) and KL = ∞: no penalty
         kl_lower_bound = surrogate - np.where((kl_max > 0) & (C > 0), C * kl_max, 0.0)
     return PairReport(
@@ -212,6 +238,7 @@ def compare(mdp: TabularMDP, pi: np.ndarray, pi_new: np.ndarray) -> PairReport:
         bound_loose=tv_bound_loose(epsilon, mdp.gamma, alpha),
         C=C,
         kl_lower_bound=kl_lower_bound,
+        q_max=np.abs(old.Q).max(axis=(-2, -1)),
     )
 
 
