@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import json
 import shutil
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -41,6 +43,15 @@ def _config(cls: Any, **kwargs: Any) -> Any:
     except ValidationError as e:
         msgs = "; ".join(f"--{'.'.join(map(str, x['loc']))}: {x['msg']}" for x in e.errors())
         raise typer.BadParameter(msgs) from None
+
+
+@contextmanager
+def _bad_parameter() -> Iterator[None]:
+    """A ValueError from the maths (an impossible MDP or model size) is a bad option."""
+    try:
+        yield
+    except ValueError as e:
+        raise typer.BadParameter(str(e)) from None
 
 
 def _emit(result: dict[str, Any], out: Path, name: str, as_json: bool) -> None:
@@ -122,10 +133,8 @@ def mm(
         c_scales=_floats(c_scales, "--c-scales"),
         seed=seed,
     )
-    try:
+    with _bad_parameter():
         m = make_mdp(cfg.mdp, cfg.states, cfg.actions, cfg.gamma, cfg.seed)
-    except ValueError as e:
-        raise typer.BadParameter(str(e)) from None
     summary, traces, J_star = mm_report(m, cfg.iters, cfg.deltas, cfg.c_scales)
     writer = MetricsWriter(out / "mm", tensorboard=False)
     for i in range(cfg.iters + 1):
@@ -174,7 +183,7 @@ def mixed(
         kv_mix=kv_mix,
         seed=seed,
     )
-    try:
+    with _bad_parameter():
         rep = mixed_version_report(
             vocab=cfg.vocab,
             length=cfg.length,
@@ -185,8 +194,6 @@ def mixed(
             kv_mix=cfg.kv_mix,
             seed=cfg.seed,
         )
-    except ValueError as e:
-        raise typer.BadParameter(str(e)) from None
     rep["plot"] = str(plot_mixed(rep, out / "theory_mixed.png"))
     _emit(rep, out, "mixed", as_json)
     if not as_json:
@@ -231,10 +238,8 @@ def filtering(
 
     k_list = [int(k) for k in _floats(ks, "--ks")]
     cfg = _config(FilteringConfig, ks=k_list, a=a, b=b, mc_samples=mc_samples, seed=seed)
-    try:
+    with _bad_parameter():
         rep = filtering_report(cfg.ks, cfg.a, cfg.b, cfg.mc_samples, cfg.seed)
-    except ValueError as e:
-        raise typer.BadParameter(str(e)) from None
     rep["plot"] = str(plot_filtering(cfg.ks, cfg.a, cfg.b, out / "theory_filtering.png"))
     _emit(rep, out, "filtering", as_json)
     if not as_json:

@@ -23,7 +23,8 @@ with p_a = 0 are handled exactly by :class:`Tilt` (they cost no KL; see its docs
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
+from functools import cache
 from typing import Any
 
 import numpy as np
@@ -168,6 +169,7 @@ def mm_step(
     if not tilt.active.any() or C <= 0:
         return pi.copy(), StepInfo(t=0.0, lam=float(C), kl_max=0.0, kl_mean=0.0)
 
+    @cache  # brentq evaluates the end points again, checked below
     def excess(log_t: float) -> float:  # log Σ_s μ_s(t) − log C, decreasing in t
         t = np.full(pi.shape[0], np.exp(log_t))
         mu = tilt.multiplier(tilt.solve_x("kl", t))
@@ -212,6 +214,7 @@ def trpo_step(
         target = np.where(tilt.active, tilt.spread / lam, 1.0)
         return tilt.policy(tilt.solve_x("Z", target))
 
+    @cache  # brentq evaluates the end points again, checked below
     def excess(log_lam: float) -> float:  # log avg-KL − log δ, decreasing in λ
         kl = float(d @ kl_divergence(pi, q_of(log_lam)))
         return np.log(max(kl, 1e-300)) - np.log(delta)
@@ -253,14 +256,7 @@ class Trace:
     lower_bound: list[float] = field(default_factory=list)
 
     def as_dict(self) -> dict[str, object]:
-        return {
-            "method": self.method,
-            "J": self.J,
-            "kl_max": self.kl_max,
-            "kl_mean": self.kl_mean,
-            "alpha": self.alpha,
-            "lower_bound": self.lower_bound,
-        }
+        return asdict(self)
 
 
 def run_updates(
@@ -290,10 +286,9 @@ def run_updates(
             C = c_scale * float(penalty_coefficient(eps, mdp.gamma))
             new, info = mm_step(pi, ev.rho, ev.A, C)
             trace.lower_bound.append(mm_objective(pi, new, float(ev.J), ev.rho, ev.A, C))
-        elif method == "trpo":
-            new, info = trpo_step(pi, (1.0 - mdp.gamma) * ev.rho, ev.A, delta)
-        else:
-            new, info = trpo_step(pi, (1.0 - mdp.gamma) * ev.rho, ev.A, np.inf)
+        else:  # policy iteration is the δ → ∞ step
+            step = delta if method == "trpo" else np.inf
+            new, info = trpo_step(pi, (1.0 - mdp.gamma) * ev.rho, ev.A, step)
         trace.alpha.append(float(tv_distance(pi, new).max()))
         trace.kl_max.append(info.kl_max)
         trace.kl_mean.append(info.kl_mean)
@@ -306,8 +301,8 @@ def run_updates(
 def optimal_return(mdp: TabularMDP, max_iters: int = 1000) -> tuple[float, np.ndarray]:
     """J* and an optimal deterministic policy by policy iteration to a fixed point."""
     pi = np.full((mdp.n_states, mdp.n_actions), 1.0 / mdp.n_actions)
+    ev = evaluate(mdp, pi)
     for _ in range(max_iters):
-        ev = evaluate(mdp, pi)
         new = greedy_policy(ev.Q)
         # keep the current action where it is already greedy (avoids tie cycling)
         keep = ev.Q[np.arange(mdp.n_states), pi.argmax(-1)] >= ev.Q.max(-1) - 1e-12
@@ -315,7 +310,8 @@ def optimal_return(mdp: TabularMDP, max_iters: int = 1000) -> tuple[float, np.nd
         if np.array_equal(new, pi):
             break
         pi = new
-    return float(evaluate(mdp, pi).J), pi
+        ev = evaluate(mdp, pi)
+    return float(ev.J), pi
 
 
 def make_mdp(kind: str, states: int, actions: int, gamma: float, seed: int) -> TabularMDP:
