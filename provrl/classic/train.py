@@ -32,7 +32,8 @@ from provrl.classic.gae import gae
 from provrl.classic.normalize import RunningMeanStd
 from provrl.classic.policies import Policy, make_policy, make_value_function
 from provrl.config import ConfigError, Section
-from provrl.objectives.trpo import TRPOConfig, TRPOStepInfo, subsample_index, trpo_step
+from provrl.objectives.config import TRPOConfig
+from provrl.objectives.trpo import TRPOStepInfo, subsample_index, trpo_step
 
 
 class ClassicTRPOConfig(Section):

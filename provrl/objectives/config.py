@@ -1,4 +1,6 @@
-"""Typed configs for the objective: advantages, the off-policy correction, the loss."""
+"""Typed configs for the objective: advantages, the off-policy correction, the loss, the
+TRPO step. Torch-free, so CLI modules can build their options from them without importing
+torch (``provrl --help`` stays fast); the functions they configure live next door."""
 
 from __future__ import annotations
 
@@ -7,9 +9,13 @@ from typing import Literal
 from pydantic import Field, model_validator
 
 from provrl.config import Section
-from provrl.objectives.corrections import CorrectionName
-from provrl.objectives.kl import KLEstimator
 
+CorrectionName = Literal[
+    "on_policy", "token_is", "tis", "icepop", "seq_tis", "seq_mis", "geo_mask", "decoupled", "gspo"
+]
+"""The off-policy corrections of :mod:`provrl.objectives.corrections`."""
+KLEstimator = Literal["k1", "k2", "k3"]
+"""The per-token KL estimators of :mod:`provrl.objectives.kl`."""
 LossAggregation = Literal["token_mean", "seq_mean_token_mean", "seq_sum_norm"]
 
 
@@ -90,3 +96,43 @@ class ObjectiveConfig(Section):
         if self.mask_low >= self.mask_high:
             raise ValueError(f"mask_low {self.mask_low} must be < mask_high {self.mask_high}")
         return self
+
+
+class TRPOConfig(Section):
+    """Hyperparameters of one TRPO / NPG step (names from the paper and Spinning Up)."""
+
+    delta: float = Field(
+        0.01, gt=0, description="Trust-region radius δ: the largest accepted mean KL(π_old‖π_θ)."
+    )
+    cg_iters: int = Field(
+        10, ge=1, description="Conjugate-gradient iterations for s ≈ F⁻¹ g (F = Fisher matrix)."
+    )
+    cg_damping: float = Field(
+        0.1, ge=0, description="Damping λ added to the Fisher: CG solves (F + λI) s = g."
+    )
+    cg_residual_tol: float = Field(
+        1e-10, ge=0, description="Stop CG early once the squared residual ‖r‖² is below this."
+    )
+    backtrack_coeff: float = Field(
+        0.8, gt=0, lt=1, description="Line-search shrink factor α: try steps α^j β s, j = 0, 1, …"
+    )
+    backtrack_iters: int = Field(
+        10, ge=1, description="Maximum number of line-search trials before rejecting the step."
+    )
+    accept_ratio: float = Field(
+        0.0,
+        ge=0,
+        description="Also require actual/expected surrogate improvement ≥ this (0 = off).",
+    )
+    fvp_subsample: float = Field(
+        1.0,
+        gt=0,
+        le=1,
+        description="Fraction of samples whose mean KL defines the Fisher-vector product "
+        "(the caller builds that KL, see subsample_index; 1 = all).",
+    )
+    line_search: bool = Field(
+        True,
+        description="True = TRPO (backtracking line search); False = NPG: take the full step "
+        "β s without checking the KL or the surrogate.",
+    )

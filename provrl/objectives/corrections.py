@@ -48,13 +48,11 @@ from __future__ import annotations
 import math
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Literal
 
 import torch
 
-CorrectionName = Literal[
-    "on_policy", "token_is", "tis", "icepop", "seq_tis", "seq_mis", "geo_mask", "decoupled", "gspo"
-]
+from provrl.objectives.config import CorrectionName
+
 CORRECTIONS: tuple[str, ...] = CorrectionName.__args__  # type: ignore[attr-defined]
 
 DEFAULT_LOG_RATIO_CLAMP = 20.0

@@ -16,11 +16,9 @@ behaviour diagnostics (p = q, p' = π_θ: an estimate of KL(q‖π_θ) from toke
 
 from __future__ import annotations
 
-from typing import Literal
-
 import torch
 
-KLEstimator = Literal["k1", "k2", "k3"]
+from provrl.objectives.config import KLEstimator
 
 
 def kl_estimate(

@@ -38,52 +38,11 @@ from dataclasses import asdict, dataclass
 from typing import Any
 
 import torch
-from pydantic import Field
 
-from provrl.config import Section
+from provrl.objectives.config import TRPOConfig
 
 Tensor = torch.Tensor
 Closure = Callable[[], Tensor]
-
-
-class TRPOConfig(Section):
-    """Hyperparameters of one TRPO / NPG step (names from the paper and Spinning Up)."""
-
-    delta: float = Field(
-        0.01, gt=0, description="Trust-region radius δ: the largest accepted mean KL(π_old‖π_θ)."
-    )
-    cg_iters: int = Field(
-        10, ge=1, description="Conjugate-gradient iterations for s ≈ F⁻¹ g (F = Fisher matrix)."
-    )
-    cg_damping: float = Field(
-        0.1, ge=0, description="Damping λ added to the Fisher: CG solves (F + λI) s = g."
-    )
-    cg_residual_tol: float = Field(
-        1e-10, ge=0, description="Stop CG early once the squared residual ‖r‖² is below this."
-    )
-    backtrack_coeff: float = Field(
-        0.8, gt=0, lt=1, description="Line-search shrink factor α: try steps α^j β s, j = 0, 1, …"
-    )
-    backtrack_iters: int = Field(
-        10, ge=1, description="Maximum number of line-search trials before rejecting the step."
-    )
-    accept_ratio: float = Field(
-        0.0,
-        ge=0,
-        description="Also require actual/expected surrogate improvement ≥ this (0 = off).",
-    )
-    fvp_subsample: float = Field(
-        1.0,
-        gt=0,
-        le=1,
-        description="Fraction of samples whose mean KL defines the Fisher-vector product "
-        "(the caller builds that KL, see subsample_index; 1 = all).",
-    )
-    line_search: bool = Field(
-        True,
-        description="True = TRPO (backtracking line search); False = NPG: take the full step "
-        "β s without checking the KL or the surrogate.",
-    )
 
 
 @dataclass

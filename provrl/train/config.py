@@ -7,8 +7,7 @@ from typing import Literal
 from pydantic import Field, model_validator
 
 from provrl.config import Section
-from provrl.objectives.config import AdvantageConfig, ObjectiveConfig
-from provrl.objectives.trpo import TRPOConfig
+from provrl.objectives.config import AdvantageConfig, ObjectiveConfig, TRPOConfig
 
 
 class RLConfig(Section):

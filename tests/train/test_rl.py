@@ -10,9 +10,8 @@ import pytest
 import torch
 from conftest import even_fraction, sample_group
 
-from provrl.objectives.config import AdvantageConfig, ObjectiveConfig
+from provrl.objectives.config import AdvantageConfig, ObjectiveConfig, TRPOConfig
 from provrl.objectives.losses import loss_token_weights, policy_loss
-from provrl.objectives.trpo import TRPOConfig
 from provrl.provenance import ProvenanceError
 from provrl.report.metrics import MetricsWriter, read_metrics
 from provrl.train.config import RLConfig
