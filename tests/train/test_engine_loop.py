@@ -37,15 +37,7 @@ def rollouts(engine, prompts, *, n: int, tokens: int, seed: int) -> list[Traject
         engine.release(turn.request_id)
         b = TrajectoryBuilder(turn.request_id, task_id, sampling=params[i])
         b.add_prompt(ids)
-        b.add_actions(
-            turn.token_ids,
-            logprob=turn.logprob,
-            kept_mass=turn.kept_mass,
-            version=turn.version,
-            kv_min=turn.kv_min,
-            kv_max=turn.kv_max,
-            replica=turn.replica,
-        )
+        b.add_sampled(turn)
         actions = np.asarray(turn.token_ids)
         out.append(b.build(reward=float((actions % 2 == 0).mean())))
     return out
