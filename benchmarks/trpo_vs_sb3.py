@@ -4,7 +4,7 @@ Both trainers run in this one process, single-threaded (torch.set_num_threads(1)
 same environment-step budget (100k), seed by seed and interleaved (the side that goes
 first alternates), so machine load hits both alike. sb3-contrib uses the tuned
 hyperparameters of rl-baselines3-zoo (hyperparams/trpo.yml), written out in SB3_ZOO below;
-provrl uses its presets (provrl.classic.train.ENV_PRESETS).
+provrl uses its presets (provrl.classic.config.ENV_PRESETS).
 
 Returns are deterministic-policy evaluation means over ``--eval-episodes`` (20) fresh seeded
 episodes per trained agent (the same episodes for both sides, seed by seed) (provrl.classic.evaluate.run_episodes, the same protocol for
@@ -30,8 +30,9 @@ from typing import Any, cast
 import numpy as np
 import torch
 
+from provrl.classic.config import config_for
 from provrl.classic.evaluate import run_episodes
-from provrl.classic.train import config_for, train
+from provrl.classic.train import train
 
 ENVS = ["CartPole-v1", "Acrobot-v1", "Pendulum-v1"]
 

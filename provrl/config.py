@@ -77,11 +77,12 @@ def parse_overrides(overrides: list[str] | tuple[str, ...]) -> dict[str, Any]:
     return tree
 
 
-def _deep_merge(base: dict[str, Any], top: dict[str, Any]) -> dict[str, Any]:
+def deep_merge(base: dict[str, Any], top: dict[str, Any]) -> dict[str, Any]:
+    """``top`` over ``base``; nested mappings merge key by key, anything else replaces."""
     out = dict(base)
     for k, v in top.items():
         if isinstance(v, dict) and isinstance(out.get(k), dict):
-            out[k] = _deep_merge(out[k], v)
+            out[k] = deep_merge(out[k], v)
         else:
             out[k] = v
     return out
@@ -128,7 +129,7 @@ def load_config(
             cls.model_validate(data)
         except ValidationError as e:
             raise ConfigError(_format_errors(e, str(path))) from None
-    merged = _deep_merge(data, parse_overrides(overrides))
+    merged = deep_merge(data, parse_overrides(overrides))
     try:
         return cls.model_validate(merged)
     except ValidationError as e:

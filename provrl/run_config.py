@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from pydantic import Field
 
-from provrl.classic.train import ClassicTRPOConfig
+from provrl.classic.config import ClassicTRPOConfig
 from provrl.config import Section
 from provrl.engine.config import EngineConfig
 from provrl.env.config import EnvConfig

@@ -39,8 +39,9 @@ def trpo(
     ] = False,
 ) -> None:
     """Train TRPO on a gymnasium environment; write metrics, a learning curve and the agent."""
+    from provrl.classic.config import config_for
     from provrl.classic.plot import plot_learning_curve
-    from provrl.classic.train import config_for, evaluate, save_agent, train
+    from provrl.classic.train import evaluate, save_agent, train
     from provrl.config import ConfigError, dump_config, parse_overrides
     from provrl.report.metrics import MetricsWriter
 

@@ -10,8 +10,9 @@ import pytest
 import torch
 from typer.testing import CliRunner
 
+from provrl.classic.config import ClassicTRPOConfig, config_for
 from provrl.classic.evaluate import run_episodes
-from provrl.classic.train import ClassicTRPOConfig, config_for, evaluate, train
+from provrl.classic.train import evaluate, train
 from provrl.config import ConfigError
 from provrl.report.metrics import MetricsWriter, read_metrics
 
