@@ -169,7 +169,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     from provrl.env.config import EnvConfig
     from provrl.env.evaluate import evaluate, select_tasks
     from provrl.train.config import SFTConfig
-    from provrl.train.sft import load_traces, run_sft
+    from provrl.train.sft import load_traces, run_sft, select_traces
 
     out: Path = args.out
     out.mkdir(parents=True, exist_ok=True)
@@ -232,8 +232,6 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     trained_traces = load_traces([teacher])
     per_tier_traces: dict[str, int] = {}
     tier_of = {t.task_id: t.tier for t in load_split(world, "train")}
-    from provrl.train.sft import select_traces
-
     for t in select_traces(trained_traces, sft_cfg):
         key = str(tier_of[t.task_id])
         per_tier_traces[key] = per_tier_traces.get(key, 0) + 1
