@@ -22,3 +22,24 @@ def tokenizer(tiny):
 @pytest.fixture
 def rng():
     return np.random.default_rng(0)
+
+
+SMALL_WORLD = dict(seed=7, entities=300, docs=800, tasks=240)
+
+
+@pytest.fixture(scope="session")
+def small_cfg():
+    """The small world's generator settings (the quick preset's world)."""
+    from provrl.env.config import WorldConfig
+
+    return WorldConfig(**SMALL_WORLD)
+
+
+@pytest.fixture(scope="session")
+def small_world(tmp_path_factory, small_cfg):
+    """A built world directory (corpus, index, oracle-verified tasks), once per session."""
+    from provrl.env.build import build_world
+
+    d = tmp_path_factory.mktemp("world") / "w"
+    build_world(small_cfg, d)
+    return d

@@ -55,6 +55,7 @@ from provrl.engine.llama import (
 )
 from provrl.engine.sampling import behaviour_logprob, sample
 from provrl.engine.stops import StopMatcher
+from provrl.failpoints import failpoint
 from provrl.provenance import SamplingParams
 
 log = logging.getLogger(__name__)
@@ -775,6 +776,7 @@ class LocalEngine:
         self._hotloads.popleft()
         t0 = time.perf_counter()
         old = self._version
+        failpoint("engine.hotload")  # crash tests: a kill while a hot-load is in flight
         self.weights.copy_pairs_(h.pairs)
         self._version = h.version
         recomputed = 0

@@ -160,8 +160,16 @@ def run_tool(env: AgentEnv, call: Call) -> tuple[str, ToolCall]:
     return obs, ToolCall(0, call.name, call.argument, ok, err, time.perf_counter() - t0)
 
 
-def run_episode(env: AgentEnv, task: Task, *, traj_id: str, seed: int = 0) -> Trajectory:
-    """Roll out one episode of ``task`` on ``env.engine`` and return its trajectory."""
+def run_episode(
+    env: AgentEnv,
+    task: Task,
+    *,
+    traj_id: str,
+    seed: int = 0,
+    meta: dict[str, Any] | None = None,
+) -> Trajectory:
+    """Roll out one episode of ``task`` on ``env.engine`` and return its trajectory
+    (``meta`` is merged into the trajectory's ``meta``, e.g. its GRPO group)."""
     a, tok = env.agent, env.tokenizer
     t_start = time.perf_counter()
     prompt = env.prompt(task.question)
@@ -247,6 +255,8 @@ def run_episode(env: AgentEnv, task: Task, *, traj_id: str, seed: int = 0) -> Tr
             kind=a.reward,
             format_ok=format_ok,
             format_penalty=a.format_penalty,
+            tool_calls=searches + opens,
+            tool_call_cost=a.tool_call_cost,
         ),
         metrics=_metrics(
             task,
@@ -266,7 +276,7 @@ def run_episode(env: AgentEnv, task: Task, *, traj_id: str, seed: int = 0) -> Tr
         sampling=_params(env, a.max_new_tokens, seed),
         policy=env.policy,
         tools=env.tools,
-        meta={**_meta(task, answer, finish), "seed": seed},
+        meta={**_meta(task, answer, finish), "seed": seed, **(meta or {})},
     )
     return traj
 

@@ -21,7 +21,6 @@ import os
 import time
 from collections import defaultdict
 from collections.abc import Sequence
-from concurrent.futures import ThreadPoolExecutor, as_completed
 from math import comb
 from pathlib import Path
 from typing import Any
@@ -91,6 +90,7 @@ def summarize(tasks: Sequence[Task], trajs: Sequence[Trajectory], k: int) -> dic
         succ = [int(sum(x.metrics["exact_match"] for x in by_task[i])) for i in ids]
         samples = [x for i in ids for x in by_task[i]]
         m = lambda key: float(np.mean([x.metrics[key] for x in samples]))  # noqa: E731
+        solved = [x.metrics["num_tool_calls"] for x in samples if x.metrics["exact_match"] > 0]
         hist = np.bincount(np.asarray(succ), minlength=k + 1)[: k + 1]
         return {
             "tasks": len(ids),
@@ -99,6 +99,7 @@ def summarize(tasks: Sequence[Task], trajs: Sequence[Trajectory], k: int) -> dic
             **{f"pass@{j}": float(np.mean([pass_at_k(k, c, j) for c in succ])) for j in ks},
             "mean_f1": m("f1"),
             "mean_tool_calls": m("num_tool_calls"),
+            "mean_tool_calls_solved": float(np.mean(solved)) if solved else float("nan"),
             "mean_min_searches": m("min_searches"),
             "mean_tokens": m("num_tokens"),
             "mean_action_tokens": m("num_action_tokens"),
@@ -144,13 +145,7 @@ def evaluate(
     dtype: str = "float32",
 ) -> dict[str, Any]:
     """Evaluate ``policy`` (``oracle``, a model name or a checkpoint dir) on a split."""
-    from provrl.env.agent import (
-        AgentEnv,
-        derive_seed,
-        oracle_trajectory,
-        run_episode,
-        tools_identity,
-    )
+    from provrl.env.agent import AgentEnv, oracle_trajectory, tools_identity
     from provrl.env.build import load_split
     from provrl.env.oracle import run_oracle
     from provrl.report.metrics import MetricsWriter
@@ -172,13 +167,14 @@ def evaluate(
         )
     t0 = time.perf_counter()
     trajs: list[Trajectory] = []
-    jobs = [(t, s) for t in tasks for s in range(ev.k)]
-    bar = _progress(len(jobs) if policy != "oracle" else len(tasks), policy, progress)
-    with TrajectoryWriter(run / "trajectories.jsonl") as writer:
-        if policy == "oracle":
-            from provrl.models import load_tokenizer
+    log = run / "trajectories.jsonl"
+    if policy == "oracle":
+        from provrl.models import load_tokenizer
 
-            tok = load_tokenizer("smollm2-135m")
+        log.unlink(missing_ok=True)  # deterministic and instant: always redone whole
+        bar = _progress(len(tasks), policy, progress)
+        tok = load_tokenizer("smollm2-135m")
+        with TrajectoryWriter(log) as writer:
             for t in tasks:
                 r = run_oracle(t, backend, cfg.search.k, a.protocol)
                 tr = oracle_trajectory(
@@ -187,41 +183,52 @@ def evaluate(
                 writer.write(tr)
                 trajs.extend([tr] * ev.k)
                 bar.update(1)
-            policy_id = Identity("oracle", "oracle-v1", {"deterministic": True})
-        else:
-            from provrl.engine import EngineConfig, LocalEngine
-            from provrl.models import load_model
+        bar.close()
+        policy_id = Identity("oracle", "oracle-v1", {"deterministic": True})
+    else:
+        from provrl.engine import EngineConfig, LocalEngine
+        from provrl.models import load_model
+        from provrl.pipeline.collector import Collector
+        from provrl.trajlog import read_trajectories
 
-            lm = load_model(policy, dtype=dtype)
-            ecfg = engine_cfg or EngineConfig(
-                max_seqs=ev.concurrency,
-                max_context=max(a.max_total_tokens + 8, 512),
-                seed=ev.seed,
-                dtype=dtype,
+        # resume: samples already in the log (same ids, same seeds) are reused, never rerun
+        done = list(read_trajectories(log)) if log.is_file() else []
+        lm = load_model(policy, dtype=dtype)
+        ecfg = engine_cfg or EngineConfig(
+            max_seqs=ev.concurrency,
+            max_context=max(a.max_total_tokens + 8, 512),
+            seed=ev.seed,
+            dtype=dtype,
+        )
+        policy_id = Identity(lm.name, lm.fingerprint, {"dtype": dtype})
+        foreign = [
+            t
+            for t in done
+            if (t.policy.fingerprint, t.tools.fingerprint)
+            != (policy_id.fingerprint, tools.fingerprint)
+        ]
+        if foreign:
+            raise ValueError(
+                f"{log}: holds trajectories of another policy or tool configuration "
+                f"({foreign[0].traj_id}); evaluate into a new run directory"
             )
-            policy_id = Identity(lm.name, lm.fingerprint, {"dtype": dtype})
-            engine = LocalEngine(lm, ecfg)
-            env = AgentEnv(engine, lm.tokenizer, backend, a, cfg.search, policy_id, tools, shots)
-            try:
-                with ThreadPoolExecutor(ev.concurrency) as pool:
-                    futs = [
-                        pool.submit(
-                            run_episode,
-                            env,
-                            t,
-                            traj_id=f"{t.task_id}-s{s}",
-                            seed=derive_seed(ev.seed, t.task_id, s),
-                        )
-                        for t, s in jobs
-                    ]
-                    for f in as_completed(futs):
-                        tr = f.result()
-                        writer.write(tr)
-                        trajs.append(tr)
-                        bar.update(1)
-            finally:
-                engine.close()
-    bar.close()
+        engine = LocalEngine(lm, ecfg)
+        env = AgentEnv(engine, lm.tokenizer, backend, a, cfg.search, policy_id, tools, shots)
+        try:
+            with (
+                TrajectoryWriter(log) as writer,
+                Collector(
+                    env,
+                    concurrency=ev.concurrency,
+                    seed=ev.seed,
+                    writer=writer,
+                    progress=f"eval {policy}" if progress else None,
+                ) as col,
+            ):
+                for g in col.run(tasks, ev.k, done=done):
+                    trajs.extend(g.trajectories)
+        finally:
+            engine.close()
     wall = time.perf_counter() - t0
     summary = summarize(tasks, trajs, ev.k)
     summary = {

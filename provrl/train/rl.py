@@ -121,8 +121,11 @@ def prepare_batch(
     tb = TrajectoryBatch.from_trajectories(trajectories, pad_token_id)
     if not bool(tb.action_mask.any()):
         raise ValueError("RL step: the batch has no action tokens")
-    tasks: dict[str, int] = {}
-    group_ids = torch.tensor([tasks.setdefault(t.task_id, len(tasks)) for t in trajectories])
+    # GRPO groups: the collector stamps meta["group"] = task#round; without it, the task
+    groups: dict[str, int] = {}
+    group_ids = torch.tensor(
+        [groups.setdefault(str(t.meta.get("group", t.task_id)), len(groups)) for t in trajectories]
+    )
     rewards = tb.rewards.double()
     a = compute_advantages(rewards, group_ids, cfg).float()
     temps = [t.sampling.temperature if t.sampling.temperature > 0 else 1.0 for t in trajectories]
@@ -189,7 +192,7 @@ class RLTrainer:
 
     trainer = RLTrainer(lm.model, RLConfig(), pad_token_id=lm.tokenizer.pad_token_id,
                         version=engine.version, metrics=MetricsWriter(run_dir))
-    result = trainer.step(trajectories)       # grouped by task_id for GRPO
+    result = trainer.step(trajectories)       # grouped by meta["group"] (else task_id) for GRPO
     engine.load_weights(result.state_dict, result.version, "keep")
     """
 
