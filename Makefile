@@ -36,7 +36,7 @@ setup: $(STAMP)
 setup-dev: $(DEV_STAMP)
 
 demo: setup
-	$(VENV)/bin/provrl demo
+	$(VENV)/bin/provrl run --preset default
 
 lint: setup-dev
 	$(VENV)/bin/ruff check provrl tests benchmarks

@@ -16,6 +16,7 @@ import typer
 from provrl.classic.cli import trpo
 from provrl.engine.cli import bench_engine
 from provrl.env.cli import bench_search, eval_cmd, serve_search, world
+from provrl.pipeline.cli import report, run
 from provrl.theory.cli import app as theory_app
 from provrl.train.sft_cli import sft
 
@@ -132,26 +133,10 @@ def bench_log(
     typer.echo(json.dumps(result, indent=None if as_json else 2))
 
 
-# ----------------------------------------------------------------------------- demo
-@app.command("demo")
-def demo(
-    config: Annotated[str, typer.Option(help="Preset in configs/ or a YAML path.")] = "default",
-    overrides: Annotated[
-        list[str] | None,
-        typer.Option("--set", help="Override a config key, e.g. --set demo.tasks=4 (repeat)."),
-    ] = None,
-) -> None:
-    """The main job on the embedded defaults (what `make demo` runs): world, oracle check,
-    SmolLM2 agent rollouts on the engine, a GRPO step hot-loaded mid-flight, provenance report."""
-    from provrl.config import dump_config, load_config
-    from provrl.demo import run_demo
-    from provrl.run_config import RunConfig
-
-    cfg = load_config(RunConfig, config, overrides or [])
-    run_dir = Path(cfg.logging.run_dir)
-    run_dir.mkdir(parents=True, exist_ok=True)
-    (run_dir / "config.yaml").write_text(dump_config(cfg))
-    run_demo(cfg)
+# ----------------------------------------------------------------------------- run
+app.command("run")(run)
+app.command("report")(report)
+app.command("demo", help="Alias of `provrl run` (what `make demo` runs).")(run)
 
 
 if __name__ == "__main__":

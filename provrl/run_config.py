@@ -12,8 +12,9 @@ from provrl.classic.config import ClassicTRPOConfig
 from provrl.config import Section
 from provrl.engine.config import EngineConfig
 from provrl.env.config import EnvConfig
+from provrl.pipeline.config import PipelineConfig
 from provrl.theory.config import TheoryConfig
-from provrl.train.config import RLConfig
+from provrl.train.config import RLConfig, SFTConfig
 
 
 class ModelConfig(Section):
@@ -29,23 +30,6 @@ class LoggingConfig(Section):
     progress: bool = Field(True, description="Show progress bars (rich/tqdm).")
 
 
-class DemoConfig(Section):
-    """``provrl demo`` / ``make demo``: rollouts with a mid-flight hot-load (provrl/demo.py)."""
-
-    tasks: int = Field(8, ge=1, description="Single-hop (tier-1) dev tasks to roll out.")
-    k: int = Field(4, ge=2, description="Samples per task: one GRPO group per task.")
-    concurrency: int = Field(
-        16, ge=1, description="Agent loops running at once on the engine (continuous batching)."
-    )
-    train_groups: int = Field(
-        2, ge=1, description="Finished groups the GRPO step trains on before the hot-load."
-    )
-    oracle_tasks: int = Field(32, ge=1, description="Test tasks the oracle solves as a check.")
-    max_episodes: int = Field(
-        256, ge=1, description="Safety cap on episodes started while the trainer runs."
-    )
-
-
 class RunConfig(Section):
     """The whole run: one section per room. Presets live in ``configs/*.yaml``."""
 
@@ -53,10 +37,15 @@ class RunConfig(Section):
     engine: EngineConfig = Field(default_factory=EngineConfig, description="Rollout engine.")
     env: EnvConfig = Field(default_factory=EnvConfig, description="Search-agent environment.")
     rl: RLConfig = Field(default_factory=RLConfig, description="RL trainer (GRPO/PPO/TRPO).")
+    sft: SFTConfig = Field(
+        default_factory=SFTConfig, description="SFT trainer (warm start and self-SFT stages)."
+    )
+    pipeline: PipelineConfig = Field(
+        default_factory=PipelineConfig, description="`provrl run`: stages, slices, RL loop."
+    )
     theory: TheoryConfig = Field(default_factory=TheoryConfig, description="Theory lab.")
     classic: ClassicTRPOConfig = Field(
         default_factory=ClassicTRPOConfig, description="TRPO on gymnasium control."
     )
-    demo: DemoConfig = Field(default_factory=DemoConfig, description="The demo job.")
     logging: LoggingConfig = Field(default_factory=LoggingConfig, description="Outputs.")
     seed: int = Field(0, description="Global seed (python, numpy, torch).")

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import Field
+from pydantic import Field, model_validator
 
 from provrl.config import Section
 
@@ -141,6 +141,22 @@ class AgentConfig(Section):
         description="Subtracted from the reward when the episode has no well-formed answer "
         "or any malformed call.",
     )
+    tool_call_cost: float = Field(
+        0.0,
+        ge=0,
+        description="Cost per tool call on a *successful* episode: reward = score · (1 − c · "
+        "calls). Rewards reaching the answer with fewer searches without making failure "
+        "cheaper than success (needs c · max_tool_calls < 1). Typical 0.05-0.15; 0 = off.",
+    )
+
+    @model_validator(mode="after")
+    def _check_cost(self) -> AgentConfig:
+        if self.tool_call_cost * self.max_tool_calls >= 1:
+            raise ValueError(
+                f"tool_call_cost={self.tool_call_cost} × max_tool_calls={self.max_tool_calls} "
+                "≥ 1: a successful episode could score below a failed one"
+            )
+        return self
 
 
 class EvalConfig(Section):

@@ -9,9 +9,10 @@ with â, a as bags of normalised tokens and A = {answer} ∪ aliases. Punctuatio
 (so ``48,213`` = ``48213``) and a, an, the are dropped (``the Halvex Institute`` =
 ``Halvex Institute``).
 
-    reward = score − format_penalty · 1[no well-formed answer, or any malformed call]
+    reward = score · (1 − c · calls) − format_penalty · 1[no well-formed answer, or any malformed call]
 
-where score is EM or F1 (``AgentConfig.reward``).
+where score is EM or F1 (``AgentConfig.reward``) and c is ``AgentConfig.tool_call_cost``
+(the search budget lever: among correct episodes, fewer tool calls score higher).
 """
 
 from __future__ import annotations
@@ -69,10 +70,15 @@ def reward(
     kind: str = "em",
     format_ok: bool = True,
     format_penalty: float = 0.0,
+    tool_calls: int = 0,
+    tool_call_cost: float = 0.0,
 ) -> float:
-    """score − format_penalty · 1[not format_ok]; score is EM (``kind='em'``) or F1."""
+    """score · (1 − tool_call_cost · tool_calls) − format_penalty · 1[not format_ok]; score
+    is EM (``kind='em'``) or F1. The tool-call cost scales the score, so it only ever
+    applies to (partly) correct answers: a failure is never made cheaper."""
     answers = list(answers)
     score = exact_match(prediction, answers) if kind == "em" else token_f1(prediction, answers)
+    score *= 1.0 - tool_call_cost * tool_calls
     return score - (0.0 if format_ok else format_penalty)
 
 

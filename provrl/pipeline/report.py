@@ -1,0 +1,234 @@
+"""``provrl report RUN``: the run's results as Markdown + PNG (also written at the end of a run).
+
+Sections: held-out test accuracy and tool calls per solved task for every evaluated policy
+(binomial standard errors, SE = √(p̂(1−p̂)/(n·k))); RL curves (reward, batch accuracy, tool
+calls per step); the version-lag histogram of trained tokens; importance-weight statistics
+(ESS of w(τ), KL(q‖π), clip fraction); engine and trainer throughput and idle fractions;
+wall time per stage; one mixed-version trajectory, token by token.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from collections import Counter
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from provrl.pipeline.rl_loop import read_steps
+
+ORDER = ("base", "warmstart", "selfsft", "rl")
+IS_KEYS = ("ess_frac", "log_w_mean", "kl_q_pi_k3", "tv", "clip_frac", "ratio_p99", "lag_mean")
+
+
+def _load(run: Path, stage: str) -> dict[str, Any]:
+    p = run / stage / "done.json"
+    return json.loads(p.read_text()) if p.is_file() else {}
+
+
+def write_report(run_dir: str | Path) -> Path:
+    """Write ``RUN/report/report.md`` and its PNGs; return the Markdown path."""
+    run = Path(run_dir)
+    out = run / "report"
+    out.mkdir(parents=True, exist_ok=True)
+    ev, rl, steps = _load(run, "eval"), _load(run, "rl"), read_steps(run)
+    md = [f"# provrl run report — `{run}`", ""]
+
+    # 1. held-out results --------------------------------------------------------------
+    names = [n for n in ORDER if n in ev]
+    if names:
+        md += [
+            "## Test split (never trained or filtered on)",
+            "",
+            "| policy | accuracy ± SE | tool calls / solved task | tool calls / episode | "
+            "tokens / episode | answered | tasks × k |",
+            "| --- | --- | --- | --- | --- | --- | --- |",
+        ]
+        for n in names:
+            e = ev[n]
+            md.append(
+                f"| {n} | {e['accuracy']:.3f} ± {e.get('accuracy_se', float('nan')):.3f} | "
+                f"{e.get('mean_tool_calls_solved', float('nan')):.2f} | "
+                f"{e['mean_tool_calls']:.2f} | {e['mean_tokens']:.0f} | "
+                f"{e['answered_rate']:.2f} | {e['n']} × {e['k']} |"
+            )
+        first = ev[names[0]]
+        md += ["", f"Oracle minimum tool calls per task: {first['mean_min_searches']:.2f}."]
+        if "warmstart" in ev and "rl" in ev:
+            w, r = ev["warmstart"], ev["rl"]
+            se = math.hypot(w.get("accuracy_se", 0.0), r.get("accuracy_se", 0.0))
+            d_acc = r["accuracy"] - w["accuracy"]
+            cw, cr = w.get("mean_tool_calls_solved"), r.get("mean_tool_calls_solved")
+            cut = 1 - cr / cw if cw and cr and cw == cw and cr == cr else float("nan")
+            md += [
+                "",
+                f"**RL vs warm start:** accuracy {d_acc * 100:+.1f} points (± {se * 100:.1f}, "
+                f"{d_acc / se if se else float('nan'):+.1f} SE); tool calls per solved task "
+                f"{cw:.2f} → {cr:.2f} ({cut:+.0%} cut).",
+            ]
+        md += ["", f"![test results]({_plot_eval(ev, names, out).name})", ""]
+
+    # 2. RL curves, lag, importance weights ---------------------------------------------
+    if steps:
+        md += ["## RL", "", f"![RL curves]({_plot_curves(steps, out).name})", ""]
+        lags: Counter[int] = Counter()
+        for s in steps:
+            lags.update({int(k): v for k, v in s.get("lag_histogram", {}).items()})
+        md += [f"![version lag]({_plot_lags(lags, out).name})", ""]
+        md += ["| step | " + " | ".join(IS_KEYS) + " |", "|" + " --- |" * (len(IS_KEYS) + 1)]
+        for s in steps:
+            cells = [f"{s[k]:.3g}" if isinstance(s.get(k), int | float) else "-" for k in IS_KEYS]
+            md.append(f"| {s['step']} | " + " | ".join(cells) + " |")
+        md.append("")
+    if rl:
+        c = rl.get("collector", {})
+        md += [
+            "## Throughput and idle time (RL stage)",
+            "",
+            f"- mode **{rl['mode']}**, {rl['steps']} steps, {rl['trajectories_trained']} "
+            f"trajectories trained, {rl.get('groups_dropped_stale', 0)} stale groups dropped",
+            f"- wall {rl['wall_s']:.0f} s; trainer busy {rl['trainer_busy_s']:.0f} s "
+            f"(idle {rl['trainer_idle_frac']:.0%}); engine busy {rl['engine_busy_frac']:.0%}",
+            f"- rollouts: {c.get('episodes', 0)} episodes, {c.get('tokens_per_s', 0):.0f} "
+            f"generated tokens/s, mean batch occupancy {c.get('mean_batch_occupancy', 0):.1f}",
+            "",
+        ]
+
+    # 3. wall time per stage -------------------------------------------------------------------
+    md += ["## Wall time per stage", "", "| stage | seconds |", "| --- | --- |"]
+    for p in sorted(run.glob("*/done.json"), key=lambda p: p.stat().st_mtime):
+        d = json.loads(p.read_text())
+        wall = d.get("stage_wall_s", d.get("wall_s"))
+        if isinstance(wall, int | float):
+            md.append(f"| {p.parent.name} | {wall:.0f} |")
+    md.append("")
+
+    # 4. one mixed-version trajectory ------------------------------------------------------
+    mixed = _mixed_trajectory(run)
+    if mixed:
+        md += ["## One mixed-version trajectory", "", mixed, ""]
+    path = out / "report.md"
+    path.write_text("\n".join(md))
+    return path
+
+
+def _mixed_trajectory(run: Path) -> str | None:
+    """The longest RL trajectory whose actions came from more than one version, rendered
+    with each action span tagged ⟦v⟧ and tool/prompt text quoted."""
+    log = run / "rl" / "trajectories.jsonl"
+    if not log.is_file():
+        return None
+    import warnings
+
+    from provrl.trajlog import read_trajectories
+
+    best = None
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        for t in read_trajectories(log, strict=False):
+            if len(np.unique(t.version[t.is_action])) > 1 and (
+                best is None or t.num_actions > best.num_actions
+            ):
+                best = t
+    if best is None:
+        return None
+    cfg = (run / "config.yaml").read_text() if (run / "config.yaml").is_file() else ""
+    name = "smollm2-135m"
+    for line in cfg.splitlines():
+        if line.strip().startswith("name:"):
+            name = line.split(":", 1)[1].strip()
+            break
+    from provrl.models import load_tokenizer
+
+    tok = load_tokenizer(name if name in ("smollm2-135m", "tiny") else "smollm2-135m")
+    parts, start = [], int(np.argmax(best.is_action))  # skip the prompt
+    ids, act, ver = best.token_id, best.is_action, best.version
+    i = start
+    while i < len(ids):
+        j = i
+        while j < len(ids) and act[j] == act[i] and (not act[i] or ver[j] == ver[i]):
+            j += 1
+        text = tok.decode(ids[i:j].tolist(), skip_special_tokens=False).replace("\n", "⏎")
+        parts.append(f"**⟦v{int(ver[i])}⟧** {text}" if act[i] else f"> {text}")
+        i = j
+    head = (
+        f"`{best.traj_id}` (task {best.task_id}, reward {best.reward}): actions by version "
+        f"{dict(Counter(best.version[best.is_action].tolist()))}; KV older than the sampling "
+        f"version on {float((best.kv_min[best.is_action] < best.version[best.is_action]).mean()):.0%}"
+        " of action tokens."
+    )
+    return head + "\n\n" + "\n\n".join(parts)
+
+
+def _plot_eval(ev: dict[str, Any], names: list[str], out: Path) -> Path:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, (a1, a2) = plt.subplots(1, 2, figsize=(8, 3.2))
+    x = np.arange(len(names))
+    a1.bar(
+        x,
+        [ev[n]["accuracy"] for n in names],
+        yerr=[ev[n].get("accuracy_se", 0) for n in names],
+        capsize=4,
+        color="tab:blue",
+    )
+    a1.set_xticks(x, names)
+    a1.set_ylabel("test accuracy (EM)")
+    a2.bar(x, [ev[n].get("mean_tool_calls_solved", np.nan) for n in names], color="tab:orange")
+    a2.axhline(ev[names[0]]["mean_min_searches"], color="k", ls="--", lw=1, label="oracle min")
+    a2.set_xticks(x, names)
+    a2.set_ylabel("tool calls per solved task")
+    a2.legend(fontsize=8)
+    fig.tight_layout()
+    p = out / "eval.png"
+    fig.savefig(p, dpi=110)
+    plt.close(fig)
+    return p
+
+
+def _plot_curves(steps: list[dict[str, Any]], out: Path) -> Path:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    x = [s["step"] + 1 for s in steps]
+    fig, axes = plt.subplots(1, 3, figsize=(11, 3))
+    for ax, key, label in zip(
+        axes,
+        ("reward_mean", "accuracy", "tool_calls"),
+        ("batch reward", "batch accuracy", "tool calls / episode"),
+        strict=True,
+    ):
+        ax.plot(x, [s.get(key, np.nan) for s in steps], marker="o", ms=3)
+        ax.set_xlabel("RL step")
+        ax.set_title(label)
+    fig.tight_layout()
+    p = out / "rl_curves.png"
+    fig.savefig(p, dpi=110)
+    plt.close(fig)
+    return p
+
+
+def _plot_lags(lags: Counter[int], out: Path) -> Path:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(4, 3))
+    ks = sorted(lags) or [0]
+    ax.bar(ks, [lags.get(k, 0) for k in ks])
+    ax.set_xlabel("version lag u − v_t of trained action tokens")
+    ax.set_ylabel("tokens")
+    ax.set_xticks(ks)
+    fig.tight_layout()
+    p = out / "version_lag.png"
+    fig.savefig(p, dpi=110)
+    plt.close(fig)
+    return p

@@ -1,0 +1,241 @@
+"""``provrl run``: the main job, stage by stage, each skipped when its output exists.
+
+::
+
+    world      the seeded search world (cached)                          → world_dir
+    warmstart  oracle traces of a train slice → SFT (teacher data)        → warmstart/ckpt
+    probe      k samples per task of a disjoint train slice               → probe/
+    filter     K per task → kept (0 < K < k) / unsolved (K = 0) / solved  → filter/
+    selfsft    (optional) SFT on the policy's own shortest successes       → selfsft/ckpt
+    rl         sync or async GRPO with hot-load on the kept pool           → rl/ckpt-v{N}
+    eval       base / warm start / RL on the test split (never trained on) → eval/{policy}/
+    report     Markdown + PNG                                              → report/
+
+Read it top to bottom: :func:`run_pipeline` is the whole job. A stage that finished wrote
+``RUN/{stage}/done.json``; ``provrl run --resume RUN`` skips it and continues, and the RL stage
+resumes from its last checkpoint.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from provrl.config import ConfigError, dump_config
+from provrl.env.tasks import Task
+from provrl.pipeline.rundir import RunDir
+from provrl.run_config import RunConfig
+
+
+def slices(train: list[Task], test: list[Task], cfg: RunConfig) -> dict[str, list[Task]]:
+    """The disjoint task slices of a run: warm start and probe from train, eval from test,
+    all restricted to ``pipeline.tasks.tiers``."""
+    from provrl.env.evaluate import select_tasks
+
+    s = cfg.pipeline.tasks
+    pool = [t for t in train if t.tier in s.tiers]
+    rng = np.random.default_rng([s.seed, 11])
+    pool = [pool[int(i)] for i in rng.permutation(len(pool))]
+    if s.warmstart + s.probe > len(pool):
+        raise ConfigError(
+            f"pipeline.tasks: warmstart={s.warmstart} + probe={s.probe} exceeds the "
+            f"{len(pool)} train tasks of tiers {list(s.tiers)}"
+        )
+    warm = pool[: s.warmstart] if cfg.pipeline.warmstart else []
+    probe = pool[s.warmstart : s.warmstart + s.probe]
+    ev = select_tasks([t for t in test if t.tier in s.tiers], s.eval, s.seed)
+    return {"warmstart": warm, "probe": probe, "eval": ev}
+
+
+def run_pipeline(cfg: RunConfig, run_dir: str | Path, *, progress: bool = True) -> dict[str, Any]:
+    """Run (or resume) every stage of ``cfg`` in ``run_dir``; returns the final summary."""
+    import torch
+
+    from provrl.env.build import ensure_world, load_split
+
+    run = RunDir(run_dir)
+    run.root.mkdir(parents=True, exist_ok=True)
+    _write_config(run, cfg)
+    random.seed(cfg.seed)
+    np.random.seed(cfg.seed)
+    torch.manual_seed(cfg.seed)
+    say = _say(progress)
+
+    # world ---------------------------------------------------------------------------------
+    t0 = time.perf_counter()
+    world_dir = ensure_world(cfg.env.world)
+    sl = slices(load_split(world_dir, "train"), load_split(world_dir, "test"), cfg)
+    if not run.done("world"):
+        run.mark_done(
+            "world",
+            {
+                "world_dir": str(world_dir),
+                "wall_s": time.perf_counter() - t0,
+                **{f"{k}_tasks": len(v) for k, v in sl.items()},
+            },
+        )
+    say(f"world {world_dir}: {', '.join(f'{k} {len(v)}' for k, v in sl.items())} tasks")
+
+    # warm start: SFT on oracle (teacher) traces -------------------------------------------
+    policy = cfg.model.name
+    if cfg.pipeline.warmstart:
+        done = _stage(
+            run, "warmstart", lambda: warm_start(cfg, run, world_dir, sl["warmstart"], progress)
+        )
+        policy = done["checkpoint"]
+        say(f"warm start: {done['traces_selected']} teacher traces → {policy}")
+    warm_policy = policy
+
+    # probe and filter ----------------------------------------------------------------------
+    from provrl.pipeline import stages
+
+    probe = _stage(
+        run, "probe", lambda: stages.probe(cfg, run, world_dir, sl["probe"], policy, progress)
+    )
+    pools = _stage(run, "filter", lambda: stages.filter_pools(cfg, run, probe))
+    stages.check_fresh(cfg, probe, policy, world_dir)
+    say(
+        f"filter: kept {pools['sizes']['kept']} of {len(sl['probe'])} (K histogram "
+        f"{pools['K_histogram']})"
+    )
+
+    # optional SFT on the policy's own shortest successes -----------------------------------
+    if cfg.pipeline.self_sft:
+        done = _stage(run, "selfsft", lambda: stages.self_sft(cfg, run, probe, policy, progress))
+        policy = done["checkpoint"]
+
+    # RL --------------------------------------------------------------------------------------
+    from provrl.pipeline.rl_loop import run_rl
+
+    pool = [t for name in cfg.pipeline.rl_pools for t in stages.load_pool(run, name)]
+    rl = _stage(run, "rl", lambda: run_rl(cfg, run, world_dir, pool, policy, progress=progress))
+    say(f"rl: {rl['steps']} steps ({rl['mode']}), final version {rl['final_version']}")
+
+    # held-out evaluation ---------------------------------------------------------------------
+    policies = {"base": cfg.model.name, "warmstart": warm_policy, "rl": rl["checkpoint"]}
+    if cfg.pipeline.self_sft:
+        policies["selfsft"] = policy
+    results = run.done("eval") or {}
+    t_eval = time.perf_counter()
+    for name in cfg.pipeline.eval.policies:
+        if name in results or name not in policies:
+            continue
+        if name == "warmstart" and not cfg.pipeline.warmstart:
+            continue
+        results[name] = stages.evaluate_policy(
+            cfg, run, world_dir, name, policies[name], sl["eval"], progress
+        )
+        say(
+            f"eval {name}: accuracy {results[name]['accuracy']:.3f}, tool calls/solved "
+            f"{results[name]['mean_tool_calls_solved']:.2f}"
+        )
+    results.setdefault("stage_wall_s", 0.0)
+    results["stage_wall_s"] += time.perf_counter() - t_eval
+    run.mark_done("eval", results)
+
+    # report ------------------------------------------------------------------------------------
+    from provrl.pipeline.report import write_report
+
+    report = write_report(run.root)
+    run.mark_done("report", {"path": str(report)})
+    summary = {"run_dir": str(run.root), "eval": results, "rl": rl, "report": str(report)}
+    return summary
+
+
+def _stage(run: RunDir, name: str, fn: Any) -> dict[str, Any]:
+    """The stage's summary: read back if it finished before, else computed (timed) and marked
+    done."""
+    done = run.done(name)
+    if done is not None:
+        return done
+    t0 = time.perf_counter()
+    out: dict[str, Any] = fn()
+    out["stage_wall_s"] = time.perf_counter() - t0
+    return run.mark_done(name, out)
+
+
+def warm_start(
+    cfg: RunConfig, run: RunDir, world_dir: Path, tasks: list[Task], progress: bool
+) -> dict[str, Any]:
+    """Oracle traces of ``tasks`` (teacher data, labelled as such) → SFT of the base model."""
+    from provrl.env.agent import oracle_trajectory, tools_identity
+    from provrl.env.evaluate import search_backend
+    from provrl.env.oracle import run_oracle
+    from provrl.models import load_tokenizer
+    from provrl.train.sft import run_sft
+    from provrl.trajlog import TrajectoryWriter
+
+    d = run.stage("warmstart")
+    a = cfg.env.agent
+    backend = search_backend(world_dir, cfg.env)
+    tools = tools_identity(backend, cfg.env.search, a)
+    tok = load_tokenizer(cfg.model.name)
+    traces = []
+    for t in tasks:
+        r = run_oracle(t, backend, cfg.env.search.k, a.protocol)
+        if r.solved:
+            tr = oracle_trajectory(t, r, tok, a, tools, traj_id=f"{t.task_id}-oracle")
+            tr.meta["source"] = "teacher"
+            traces.append(tr)
+    (d / "teacher.jsonl").unlink(missing_ok=True)  # a rerun after a kill rewrites it whole
+    with TrajectoryWriter(d / "teacher.jsonl") as w:
+        w.write_many(traces)
+    summary = run_sft(traces, cfg.model.name, d / "ckpt", cfg.sft, run_dir=d, dtype=cfg.model.dtype)
+    summary["source"] = "teacher (oracle)"
+    summary["tasks"] = len(tasks)
+    return summary
+
+
+def _write_config(run: RunDir, cfg: RunConfig) -> None:
+    """Write the resolved config; on resume, refuse a changed one (naming the first key)."""
+    import yaml
+
+    p = run.root / "config.yaml"
+    text = dump_config(cfg)
+    if p.is_file():
+        old = yaml.safe_load(p.read_text())
+        new = yaml.safe_load(text)
+        diff = _first_diff(old, new)
+        if diff is not None:
+            raise ConfigError(
+                f"{p}: the run was started with a different config ({diff}); use a new run "
+                "directory, or the same config to resume"
+            )
+        return
+    p.write_text(text)
+
+
+def _first_diff(a: Any, b: Any, path: str = "") -> str | None:
+    if isinstance(a, dict) and isinstance(b, dict):
+        for k in sorted(set(a) | set(b)):
+            d = _first_diff(a.get(k), b.get(k), f"{path}.{k}" if path else str(k))
+            if d is not None:
+                return d
+        return None
+    return None if a == b else f"{path}: {a!r} → {b!r}"
+
+
+def _say(enabled: bool) -> Any:
+    from rich.console import Console
+
+    console = Console()
+
+    def say(msg: str) -> None:
+        if enabled:
+            console.print(f"[bold green]✓[/] {msg}")
+
+    return say
+
+
+def load_summary(run_dir: str | Path) -> dict[str, Any]:
+    """Every stage's ``done.json`` of a run, by stage name."""
+    run = RunDir(run_dir)
+    out = {}
+    for p in sorted(run.root.glob("*/done.json")):
+        out[p.parent.name] = json.loads(p.read_text())
+    return out

@@ -1,0 +1,92 @@
+"""The run directory: one folder per stage, a ``done.json`` per finished stage, and the RL
+stage's resumable checkpoints.
+
+::
+
+    RUN/config.yaml                   the resolved config (refused on resume if it changed)
+    RUN/warmstart/                    oracle traces, SFT metrics, ckpt/ (safetensors)
+    RUN/probe/  RUN/filter/           probe log + manifest; pools kept/unsolved/solved
+    RUN/selfsft/                      optional SFT on the policy's own shortest successes
+    RUN/rl/trajectories.jsonl         every RL trajectory, appended as it finishes
+    RUN/rl/ckpt-v{N}/                 weights (safetensors) + optimizer.pt + state.json, COMPLETE
+    RUN/eval/{policy}/                eval.json + trajectories.jsonl per evaluated policy
+    RUN/report/                       report.md + PNGs
+    RUN/{stage}/done.json             written last: the stage is skipped when it exists
+
+Every JSON file is written to a temporary name and renamed (atomic on POSIX), so a
+``kill -9`` leaves either the old or the new file, never half of one.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+from pathlib import Path
+from typing import Any
+
+STAGES = ("world", "warmstart", "probe", "filter", "selfsft", "rl", "eval", "report")
+COMPLETE = "COMPLETE"
+
+
+def write_json(path: Path, obj: Any) -> None:
+    """Write ``obj`` as JSON to ``path`` atomically (temp file + fsync + rename)."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
+    with open(tmp, "w") as f:
+        json.dump(obj, f, indent=2, default=str)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
+
+
+class RunDir:
+    """Paths and stage bookkeeping of one run."""
+
+    def __init__(self, root: str | os.PathLike[str]) -> None:
+        self.root = Path(root)
+
+    def stage(self, name: str) -> Path:
+        if name not in STAGES:
+            raise ValueError(f"unknown stage {name!r} (stages: {', '.join(STAGES)})")
+        p = self.root / name
+        p.mkdir(parents=True, exist_ok=True)
+        return p
+
+    def done(self, name: str) -> dict[str, Any] | None:
+        """The stage's summary if it finished, else None."""
+        p = self.root / name / "done.json"
+        if not p.is_file():
+            return None
+        try:
+            out: dict[str, Any] = json.loads(p.read_text())
+        except json.JSONDecodeError as e:
+            raise ValueError(f"{p}: corrupt stage marker ({e}); delete it to redo the stage") from e
+        return out
+
+    def mark_done(self, name: str, summary: dict[str, Any]) -> dict[str, Any]:
+        write_json(self.stage(name) / "done.json", summary)
+        return summary
+
+    # ------------------------------------------------------------------ RL checkpoints
+    def checkpoints(self) -> list[tuple[int, Path]]:
+        """Complete RL checkpoints as (version, dir), oldest first."""
+        rl = self.root / "rl"
+        out = []
+        for p in rl.glob("ckpt-v*") if rl.is_dir() else ():
+            if (p / COMPLETE).is_file():
+                out.append((int(p.name.removeprefix("ckpt-v")), p))
+        return sorted(out)
+
+    def latest_checkpoint(self) -> tuple[int, Path] | None:
+        ck = self.checkpoints()
+        return ck[-1] if ck else None
+
+    def prune_checkpoints(self, keep: int = 1) -> None:
+        """Delete all but the newest ``keep`` complete checkpoints, and incomplete ones."""
+        complete = self.checkpoints()
+        keep_dirs = {p for _, p in complete[-keep:]}
+        rl = self.root / "rl"
+        for p in rl.glob("ckpt-v*") if rl.is_dir() else ():
+            if p not in keep_dirs and p.is_dir():
+                shutil.rmtree(p, ignore_errors=True)
