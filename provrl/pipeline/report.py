@@ -20,7 +20,15 @@ import numpy as np
 from provrl.pipeline.rl_loop import read_steps
 
 ORDER = ("base", "warmstart", "selfsft", "rl")
-IS_KEYS = ("ess_frac", "log_w_mean", "kl_q_pi_k3", "tv", "clip_frac", "ratio_p99", "lag_mean")
+IS_KEYS = (
+    "ess_frac",
+    "log_w_mean",
+    "kl_q_pi_k3",
+    "clip_frac",
+    "masked_frac",
+    "ratio_q99",
+    "lag_mean",
+)
 
 
 def _load(run: Path, stage: str) -> dict[str, Any]:
@@ -56,6 +64,23 @@ def write_report(run_dir: str | Path) -> Path:
             )
         first = ev[names[0]]
         md += ["", f"Oracle minimum tool calls per task: {first['mean_min_searches']:.2f}."]
+        tiers = [t for t, b in first.get("per_tier", {}).items() if b.get("tasks")]
+        if len(tiers) > 1:
+            md += [
+                "",
+                "| policy | "
+                + " | ".join(f"tier {t} accuracy (calls/solved)" for t in tiers)
+                + " |",
+            ]
+            md.append("| --- |" + " --- |" * len(tiers))
+            for n in names:
+                cells = []
+                for t in tiers:
+                    b = ev[n]["per_tier"][t]
+                    cells.append(
+                        f"{b['accuracy']:.3f} ({b.get('mean_tool_calls_solved', float('nan')):.2f})"
+                    )
+                md.append(f"| {n} | " + " | ".join(cells) + " |")
         if "warmstart" in ev and "rl" in ev:
             w, r = ev["warmstart"], ev["rl"]
             se = math.hypot(w.get("accuracy_se", 0.0), r.get("accuracy_se", 0.0))

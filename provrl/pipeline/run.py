@@ -18,6 +18,7 @@ resumes from its last checkpoint.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import random
 import time
@@ -127,6 +128,7 @@ def run_pipeline(cfg: RunConfig, run_dir: str | Path, *, progress: bool = True) 
             continue
         if name == "warmstart" and not cfg.pipeline.warmstart:
             continue
+        release_memory()
         results[name] = stages.evaluate_policy(
             cfg, run, world_dir, name, policies[name], sl["eval"], progress
         )
@@ -156,6 +158,7 @@ def _stage(run: RunDir, name: str, fn: Any) -> dict[str, Any]:
     t0 = time.perf_counter()
     out: dict[str, Any] = fn()
     out["stage_wall_s"] = time.perf_counter() - t0
+    release_memory()
     return run.mark_done(name, out)
 
 
@@ -200,14 +203,51 @@ def _write_config(run: RunDir, cfg: RunConfig) -> None:
     if p.is_file():
         old = yaml.safe_load(p.read_text())
         new = yaml.safe_load(text)
-        diff = _first_diff(old, new)
+        diff = _first_diff(_without(old, RESUMABLE), _without(new, RESUMABLE))
         if diff is not None:
             raise ConfigError(
                 f"{p}: the run was started with a different config ({diff}); use a new run "
                 "directory, or the same config to resume"
             )
-        return
+        if old != new:  # only execution knobs changed: keep the new values, and say so
+            with open(run.root / "resume.log", "a") as f:
+                f.write(f"{time.strftime('%Y-%m-%dT%H:%M:%S')} {_first_diff(old, new)}\n")
     p.write_text(text)
+
+
+RESUMABLE = (
+    "logging",
+    "rl.micro_batch_size",
+    "rl.logprob_chunk_tokens",
+    "sft.micro_batch_tokens",
+    "pipeline.eval.concurrency",
+)
+"""Keys that change how a run executes but not what it computes: a resume may change them."""
+
+
+def _without(tree: dict[str, Any], keys: tuple[str, ...]) -> dict[str, Any]:
+    import copy
+
+    out = copy.deepcopy(tree)
+    for key in keys:
+        *parents, last = key.split(".")
+        node = out
+        for part in parents:
+            node = node.get(part, {})
+        if isinstance(node, dict):
+            node.pop(last, None)
+    return out
+
+
+def release_memory() -> None:
+    """Return freed heap to the OS between stages (each stage loads its own model, optimizer
+    and KV cache; glibc keeps freed arenas otherwise, and a 2-core/24 GB machine notices)."""
+    import ctypes
+    import gc
+
+    gc.collect()
+    with contextlib.suppress(OSError, AttributeError):
+        ctypes.CDLL("libc.so.6").malloc_trim(0)
 
 
 def _first_diff(a: Any, b: Any, path: str = "") -> str | None:
