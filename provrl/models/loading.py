@@ -186,6 +186,19 @@ def build_tiny(seed: int = 0, dtype: torch.dtype = torch.float32) -> LoadedModel
     return LoadedModel(model, tok, "tiny", None, f"tiny-seed{seed}")
 
 
+def policy_fingerprint(name: str, seed: int = 0) -> str:
+    """The weights' content hash of a model name or checkpoint directory, without loading it
+    (the same value :func:`load_model` puts in ``LoadedModel.fingerprint``)."""
+    if name == "tiny":
+        return f"tiny-seed{seed}"
+    path = smollm2_dir() if name == "smollm2-135m" else Path(name)
+    if not path.is_dir():
+        raise FileNotFoundError(
+            f"model {name!r}: not a known name ({', '.join(MODELS)}) or a directory"
+        )
+    return _fingerprint_of_dir(path)
+
+
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
 
