@@ -188,9 +188,42 @@ class Trajectory:
         return {name: getattr(self, name) for name in TOKEN_COLUMNS}
 
     # ---------------------------------------------------------------- validation
+    def validate_metadata(self) -> Trajectory:
+        """Check the per-trajectory fields' types: ids are strings, ``reward`` is None or a
+        finite real number, ``metrics`` / ``timings`` map names to numbers (None stands for
+        a NaN that went through JSON), segments and tool calls are what they claim. Raises
+        :class:`ProvenanceError` naming the trajectory and the field."""
+        where = f"trajectory {self.traj_id!r} (task {self.task_id!r})"
+        if not isinstance(self.traj_id, str) or not isinstance(self.task_id, str):
+            raise ProvenanceError(f"{where}: traj_id and task_id must be strings")
+        r = self.reward
+        if r is not None and (not _is_real(r) or not math.isfinite(r)):
+            raise ProvenanceError(f"{where}: field 'reward' must be a finite number, got {r!r}")
+        for name in ("metrics", "timings"):
+            d = getattr(self, name)
+            if not isinstance(d, dict):
+                raise ProvenanceError(f"{where}: field {name!r} must be a mapping")
+            for k, v in d.items():
+                if not isinstance(k, str) or not (v is None or _is_real(v)):
+                    raise ProvenanceError(
+                        f"{where}: field '{name}.{k}' must be a number, got {v!r}"
+                    )
+        if not isinstance(self.meta, dict):
+            raise ProvenanceError(f"{where}: field 'meta' must be a mapping")
+        for j, seg in enumerate(self.segments):
+            ints = (seg.start, seg.end, seg.turn)
+            if seg.kind not in _SEGMENT_KINDS or not all(_is_int(x) for x in ints):
+                raise ProvenanceError(f"{where}: segment {j} is not (kind, start, end, turn)")
+        for j, call in enumerate(self.tool_calls):
+            if not (isinstance(call.name, str) and isinstance(call.arguments, str)):
+                raise ProvenanceError(f"{where}: tool call {j}: name and arguments must be text")
+        return self
+
     def validate(self) -> Trajectory:
-        """Check the provenance invariant; raise :class:`ProvenanceError` naming the
-        trajectory and the first offending token. Returns ``self`` for chaining."""
+        """Check the provenance invariant (and :meth:`validate_metadata`); raise
+        :class:`ProvenanceError` naming the trajectory and the first offending token.
+        Returns ``self`` for chaining."""
+        self.validate_metadata()
         where = f"trajectory {self.traj_id!r} (task {self.task_id!r})"
         n = len(self.token_id)
         for name, dtype in TOKEN_COLUMNS.items():
@@ -274,14 +307,24 @@ class Trajectory:
 
         ``target_logprobs`` is log π_θ for every token (length ``len(self)``; values on
         non-action tokens are ignored) or for the action tokens only (length
-        ``num_actions``)."""
+        ``num_actions``). A target of −inf (π_θ(a_t|h_t) = 0) makes the whole product 0:
+        the result is −inf, exactly. A NaN or +inf target is not a log-probability and
+        raises :class:`ProvenanceError` naming the token (it used to return NaN)."""
         target = np.asarray(target_logprobs, dtype=np.float64)
+        positions = np.flatnonzero(self.is_action)
         if target.shape == (len(self),):
             target = target[self.is_action]
         elif target.shape != (self.num_actions,):
             raise ProvenanceError(
                 f"trajectory {self.traj_id!r}: target_logprobs has shape {target.shape}; "
                 f"expected ({len(self)},) or ({self.num_actions},)"
+            )
+        bad = np.isnan(target) | (target == np.inf)
+        if bad.any():
+            j = int(np.flatnonzero(bad)[0])
+            raise ProvenanceError(
+                f"trajectory {self.traj_id!r}: token {int(positions[j])}: target logprob "
+                f"{target[j]} is not a log-probability, so log w(τ) is undefined"
             )
         behaviour = self.logprob[self.is_action].astype(np.float64)
         return float((target - behaviour).sum())
@@ -302,6 +345,20 @@ class Trajectory:
         for name in TOKEN_COLUMNS:
             meta_self.pop(name), meta_other.pop(name)
         return _nan_equal(meta_self, meta_other)
+
+
+_SEGMENT_KINDS = frozenset(SegmentKind.__args__)  # type: ignore[attr-defined]
+
+
+def _is_real(x: Any) -> bool:
+    """An int or float that is not a bool (JSON numbers; ``True`` is not a reward)."""
+    return isinstance(x, int | float | np.integer | np.floating) and not isinstance(
+        x, bool | np.bool_
+    )
+
+
+def _is_int(x: Any) -> bool:
+    return isinstance(x, int | np.integer) and not isinstance(x, bool | np.bool_)
 
 
 def _nan_equal(x: Any, y: Any) -> bool:

@@ -2,20 +2,27 @@
 
 Format (``docs/provenance.md`` has the full schema and the measurement behind the choice)::
 
-    {"crc":0123456789,"rec":{...trajectory...}}\\n
+    {"crc":123456789,"rec":{...trajectory...}}\\n
 
 * ``rec`` holds the per-trajectory metadata as plain JSON and the per-token columns as
   base64 of their little-endian bytes (optionally zlib-compressed), so token ids, versions
   and float32 logprobs round-trip bit-for-bit, NaNs included.
-* ``crc`` is the CRC-32 of the exact ``rec`` bytes. The prefix has a fixed width, so a
-  reader verifies a line without re-serialising it.
+* ``crc`` is the CRC-32 of the exact ``rec`` bytes, a plain JSON integer (so every line is
+  strict JSON: ``json.loads``, ``jq`` and ``datasets`` read it). A reader finds the ``rec``
+  bytes right after the digits and verifies them without re-serialising. Logs written
+  before this change padded the CRC to ten digits (``%010d``: leading zeros, not valid
+  JSON); the reader accepts both.
 * Every record is one ``write`` of one line, flushed (and ``fsync``-ed when ``durable``).
   A process killed mid-write leaves at most one torn line at the end of the file; readers
   skip it with a warning, and a writer reopening the file moves the torn bytes to a
   ``.torn`` side file (nothing is thrown away) before appending.
 * A record in the middle of a file that fails its CRC or does not parse is corruption,
   not a torn write: readers raise :class:`CorruptLogError` naming the file and line
-  (or, with ``strict=False``, skip it with a warning).
+  (or, with ``strict=False``, skip it with a warning). Every way a record can be bad —
+  malformed JSON, wrong types, bad base64 or zlib, a column of the wrong length, a
+  non-numeric reward, a record over :data:`MAX_RECORD_BYTES` or a trajectory over
+  :data:`MAX_TOKENS` tokens — is such an error; decompression never expands a column past
+  the size its token count implies.
 """
 
 from __future__ import annotations
@@ -36,6 +43,7 @@ import orjson
 from provrl.provenance import (
     TOKEN_COLUMNS,
     Identity,
+    ProvenanceError,
     SamplingParams,
     Segment,
     ToolCall,
@@ -44,7 +52,22 @@ from provrl.provenance import (
 
 FORMAT_VERSION = 1
 _PREFIX = b'{"crc":'
-_PREFIX_LEN = len(_PREFIX) + 10 + len(b',"rec":')
+_REC = b',"rec":'
+MAX_RECORD_BYTES = 256 << 20
+"""Longest line a reader accepts (a trajectory of MAX_TOKENS tokens needs ~10 bytes/token
+uncompressed); anything longer is a corrupt record, not a reason to exhaust memory."""
+MAX_TOKENS = 1 << 24
+"""Most tokens one trajectory may hold (16.7 M; writers refuse more, readers too)."""
+_BAD_RECORD = (
+    ValueError,  # includes orjson.JSONDecodeError, binascii.Error, ProvenanceError
+    KeyError,
+    TypeError,
+    AttributeError,
+    IndexError,
+    OverflowError,
+    RecursionError,
+    zlib.error,
+)
 
 
 class CorruptLogError(ValueError):
@@ -64,9 +87,15 @@ def _encode_column(arr: np.ndarray, compress: bool) -> str:
 
 
 def _decode_column(s: str, dtype: np.dtype[Any], n: int, compressed: bool) -> np.ndarray:
-    raw = base64.b64decode(s)
+    raw = base64.b64decode(s, validate=True)
     if compressed:
-        raw = zlib.decompress(raw)
+        size = n * dtype.itemsize
+        d = zlib.decompressobj()
+        raw = d.decompress(raw, max(size, 1))  # never more than the column can hold
+        if d.unconsumed_tail or not d.eof:
+            raise ValueError(f"compressed column does not hold exactly {n} entries")
+    if len(raw) != n * dtype.itemsize:
+        raise ValueError(f"column has {len(raw)} bytes, expected {n} × {dtype.itemsize}")
     arr = np.frombuffer(raw, dtype=dtype)
     if arr.shape[0] != n:
         raise ValueError(f"column has {arr.shape[0]} entries, expected {n}")
@@ -95,14 +124,20 @@ def trajectory_to_record(traj: Trajectory, compress: bool = True) -> dict[str, A
 
 
 def record_to_trajectory(rec: dict[str, Any]) -> Trajectory:
+    """The trajectory of a decoded record; any malformed part raises ``ValueError`` (or
+    :class:`ProvenanceError`) saying what is wrong."""
+    if not isinstance(rec, dict):
+        raise ValueError(f"record must be a JSON object, got {type(rec).__name__}")
     if rec.get("format") != FORMAT_VERSION:
         raise ValueError(f"unknown record format {rec.get('format')!r}")
-    n = int(rec["n"])
+    n = rec["n"]
+    if not isinstance(n, int) or isinstance(n, bool) or not 0 <= n <= MAX_TOKENS:
+        raise ValueError(f"field 'n' must be an integer in [0, {MAX_TOKENS}], got {n!r}")
     cols = {
         name: _decode_column(rec["tokens"][name], dtype, n, bool(rec.get("z", False)))
         for name, dtype in TOKEN_COLUMNS.items()
     }
-    return Trajectory.from_columns(
+    traj = Trajectory.from_columns(
         rec["traj_id"],
         rec["task_id"],
         cols,
@@ -116,28 +151,80 @@ def record_to_trajectory(rec: dict[str, Any]) -> Trajectory:
         tools=Identity(**rec["tools"]),
         meta=rec["meta"],
     )
+    traj.validate_metadata()  # a string reward fails here, not 25 s into training
+    return traj
 
 
 def encode_line(traj: Trajectory, compress: bool = True) -> bytes:
-    """One complete log line (with trailing newline) for ``traj``."""
+    """One complete log line (with trailing newline) for ``traj``: strict JSON."""
+    if len(traj) > MAX_TOKENS:
+        raise ProvenanceError(
+            f"trajectory {traj.traj_id!r}: {len(traj)} tokens, more than a log record "
+            f"holds ({MAX_TOKENS})"
+        )
     body = orjson.dumps(trajectory_to_record(traj, compress), option=orjson.OPT_SERIALIZE_NUMPY)
-    crc = zlib.crc32(body)
-    return b'%s%010d,"rec":%s}\n' % (_PREFIX, crc, body)
+    return b"%s%d%s%s}\n" % (_PREFIX, zlib.crc32(body), _REC, body)
 
 
 def decode_line(line: bytes) -> Trajectory:
-    """Parse and CRC-check one line (without or with its newline)."""
+    """Parse and CRC-check one line (without or with its newline). Any defect raises
+    ``ValueError`` with what is wrong (the reader adds the file and line)."""
     line = line.rstrip(b"\n")
     if not line.startswith(_PREFIX) or not line.endswith(b"}"):
         raise ValueError("not a provrl trajectory record")
-    crc = int(line[len(_PREFIX) : len(_PREFIX) + 10])
-    body = line[_PREFIX_LEN:-1]
-    if zlib.crc32(body) != crc:
+    # ≤ 10 digits: CRC-32 < 2^32; old logs zero-padded them to exactly 10
+    end = line.find(_REC, len(_PREFIX), len(_PREFIX) + 10 + len(_REC))
+    digits = line[len(_PREFIX) : end]
+    if end < 0 or not digits.isdigit():
+        raise ValueError("record has no CRC prefix")
+    body = line[end + len(_REC) : -1]
+    if zlib.crc32(body) != int(digits):
         raise ValueError("CRC mismatch")
-    return record_to_trajectory(orjson.loads(body))
+    try:
+        return record_to_trajectory(orjson.loads(body))
+    except ValueError:
+        raise
+    except KeyError as e:
+        raise ValueError(f"missing field {e}") from e
+    except _BAD_RECORD as e:
+        raise ValueError(f"{type(e).__name__}: {e}") from e
 
 
 # ------------------------------------------------------------------------- writing
+def repair_torn_tail(path: str | os.PathLike[str]) -> Path | None:
+    """If the JSONL file ``path`` ends mid-line (a writer died mid-record), move the torn
+    bytes to ``<name>.torn-<µs>`` beside it — nothing is deleted — so appends start on a
+    fresh line. Warns with :class:`TornRecordWarning`; returns the side file, or None."""
+    path = Path(path)
+    if not path.exists() or path.stat().st_size == 0:
+        return None
+    with open(path, "rb+") as f:
+        size = f.seek(0, os.SEEK_END)
+        f.seek(size - 1)
+        if f.read(1) == b"\n":
+            return None
+        start, pos = 0, size  # the start of the last line
+        while pos > 0:
+            step = min(1 << 16, pos)
+            pos -= step
+            f.seek(pos)
+            k = f.read(step).rfind(b"\n")
+            if k >= 0:
+                start = pos + k + 1
+                break
+        f.seek(start)
+        torn = f.read()
+        side = path.with_name(f"{path.name}.torn-{int(time.time() * 1e6)}")
+        side.write_bytes(torn)
+        f.truncate(start)
+    warnings.warn(
+        f"{path}: last record was torn ({len(torn)} bytes); moved to {side.name}",
+        TornRecordWarning,
+        stacklevel=3,
+    )
+    return side
+
+
 class TrajectoryWriter:
     """Append trajectories to a log file; safe to kill at any moment.
 
@@ -160,41 +247,9 @@ class TrajectoryWriter:
         self.path = Path(path)
         self.path.parent.mkdir(parents=True, exist_ok=True)
         self.durable, self.compress, self.validate = durable, compress, validate
-        self._repair_torn_tail()
+        repair_torn_tail(self.path)
         self._f: BinaryIO = open(self.path, "ab")  # noqa: SIM115 - closed in close()
         self.records_written = 0
-
-    def _repair_torn_tail(self) -> None:
-        """If the file ends mid-record, move the torn bytes aside so appends stay aligned."""
-        if not self.path.exists() or self.path.stat().st_size == 0:
-            return
-        with open(self.path, "rb+") as f:
-            size = f.seek(0, os.SEEK_END)
-            f.seek(max(0, size - 1))
-            if f.read(1) == b"\n":
-                return
-            # find the start of the last line
-            block, pos = 1 << 16, size
-            start = 0
-            while pos > 0:
-                step = min(block, pos)
-                pos -= step
-                f.seek(pos)
-                chunk = f.read(step)
-                k = chunk.rfind(b"\n")
-                if k >= 0:
-                    start = pos + k + 1
-                    break
-            f.seek(start)
-            torn = f.read()
-            side = self.path.with_name(f"{self.path.name}.torn-{int(time.time() * 1e6)}")
-            side.write_bytes(torn)
-            f.truncate(start)
-        warnings.warn(
-            f"{self.path}: last record was torn ({len(torn)} bytes); moved to {side.name}",
-            TornRecordWarning,
-            stacklevel=3,
-        )
 
     def write(self, traj: Trajectory) -> None:
         if self.validate:
@@ -244,15 +299,19 @@ def read_trajectories(
         pending = b""
         idle_since = time.monotonic()
         while True:
-            line = f.readline()
+            line = f.readline(MAX_RECORD_BYTES + 1 - len(pending))
             if line:
                 idle_since = time.monotonic()
+            if len(pending) + len(line) > MAX_RECORD_BYTES:
+                raise CorruptLogError(
+                    f"{path}:{lineno + 1}: record longer than {MAX_RECORD_BYTES} bytes"
+                )
             if line.endswith(b"\n"):
                 line, pending = pending + line, b""
                 lineno += 1
                 try:
                     yield decode_line(line)
-                except (ValueError, KeyError, TypeError) as e:
+                except _BAD_RECORD as e:
                     msg = f"{path}:{lineno}: unreadable trajectory record ({e})"
                     if strict:
                         raise CorruptLogError(msg) from e

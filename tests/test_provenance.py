@@ -68,6 +68,31 @@ def test_log_q_and_log_w_against_hand_computation():
         t.log_w([0.0])
 
 
+def test_log_w_of_a_zero_probability_token_is_minus_inf_and_nan_raises():
+    t = make_traj()
+    target = np.array([-0.4, -math.inf, -0.25, -1.0])  # π_θ(a_t) = 0 for one action
+    assert t.log_w(target) == -math.inf  # the product is exactly 0, not the other ratios
+    action_at = np.flatnonzero(t.is_action)
+    for bad in (math.nan, math.inf):
+        target[1] = bad
+        with pytest.raises(ProvenanceError, match=rf"token {action_at[1]}: target logprob"):
+            t.log_w(target)
+
+
+def test_non_numeric_reward_and_metrics_are_refused():
+    t = make_traj()
+    for reward in ("1.0", True, math.nan, math.inf):
+        t.reward = reward  # type: ignore[assignment]
+        with pytest.raises(ProvenanceError, match="field 'reward'"):
+            t.validate()
+    t.reward = 1
+    t.metrics = {"f1": "high"}  # type: ignore[dict-item]
+    with pytest.raises(ProvenanceError, match=r"field 'metrics\.f1'"):
+        t.validate()
+    t.metrics = {"f1": None, "em": 1.0}  # None: a NaN that went through JSON
+    t.validate()
+
+
 def test_log_w_stays_finite_where_products_underflow():
     n = 10_000
     b = TrajectoryBuilder("long", "t")

@@ -22,6 +22,7 @@ from provrl.trajlog import (
     encode_line,
     read_all,
     read_trajectories,
+    trajectory_to_record,
 )
 
 
@@ -203,3 +204,95 @@ def test_writer_validates_before_writing(tmp_path):
         w.write(t)
     assert path.read_bytes() == b""
     assert np.isnan(small(0).logprob[0])
+
+
+# ----------------------------------------------------------------------------- hardening
+def test_every_line_is_strict_json_and_old_zero_padded_logs_still_read(tmp_path):
+    """The CRC is a plain JSON integer (it used to be written as %010d: a CRC below 1e9
+    had leading zeros, which json.loads rejects); logs in the old format still read."""
+    import json
+    import zlib
+
+    import orjson
+
+    path = tmp_path / "t.jsonl"
+    trajs = [small(i) for i in range(64)]
+    with TrajectoryWriter(path) as w:
+        w.write_many(trajs)
+    lines = path.read_bytes().splitlines()
+    crcs = [json.loads(line)["crc"] for line in lines]  # every line parses as strict JSON
+    assert any(c < 10**9 for c in crcs)  # the case %010d got wrong is covered
+    for line, t in zip(lines, trajs, strict=True):
+        rec = json.loads(line)["rec"]
+        assert rec["traj_id"] == t.traj_id and rec["n"] == len(t)
+    old = tmp_path / "old.jsonl"
+    with open(old, "wb") as f:
+        for t in trajs:
+            body = orjson.dumps(trajectory_to_record(t))
+            f.write(b'{"crc":%010d,"rec":%s}\n' % (zlib.crc32(body), body))
+    assert all(a.equals(b) for a, b in zip(read_all(old), trajs, strict=True))
+
+
+def _line_with(rec) -> bytes:
+    import zlib
+
+    import orjson
+
+    body = orjson.dumps(rec)
+    return b'{"crc":%d,"rec":%s}\n' % (zlib.crc32(body), body)
+
+
+def _bad_records():
+    import base64
+    import zlib
+
+    good = trajectory_to_record(small(5))
+
+    def edit(**kw):
+        return {**good, **kw}
+
+    def col(name, value):
+        return edit(tokens={**good["tokens"], name: value})
+
+    bomb = base64.b64encode(zlib.compress(b"\0" * (64 << 20))).decode()  # 64 MiB of zeros
+    return {
+        "not an object": [1, 2, 3],  # was AttributeError
+        "bad zlib": col("token_id", base64.b64encode(b"not zlib").decode()),  # was zlib.error
+        "bad base64": col("token_id", "!!!"),
+        "zlib bomb": col("logprob", bomb),  # must not expand 64 MiB for a 4-token column
+        "short column": col("version", base64.b64encode(zlib.compress(b"\0" * 4)).decode()),
+        "string reward": edit(reward="1.0"),  # used to fail 25 s into training
+        "bool reward": edit(reward=True),
+        "text metric": edit(metrics={"f1": "high"}),
+        "huge n": edit(n=10**12),
+        "missing field": {k: v for k, v in good.items() if k != "segments"},
+        "bad segment": edit(segments=[["prompt", "0", 2, 0]]),
+        "bad identity": edit(policy={"nom": "x"}),
+    }
+
+
+@pytest.mark.parametrize("kind", sorted(_bad_records()))
+def test_every_kind_of_corrupt_record_names_file_and_line(tmp_path, kind):
+    path = tmp_path / "t.jsonl"
+    with TrajectoryWriter(path) as w:
+        w.write(small(0))
+    with open(path, "ab") as f:
+        f.write(_line_with(_bad_records()[kind]))
+        f.write(encode_line(small(2)))
+    with pytest.raises(CorruptLogError, match=r"t\.jsonl:2: unreadable trajectory record"):
+        read_all(path)
+    with pytest.warns(UserWarning, match=":2:"):
+        assert [t.traj_id for t in read_all(path, strict=False)] == ["t0", "t2"]
+
+
+def test_an_over_long_record_is_corrupt_not_read_into_memory(tmp_path, monkeypatch):
+    import provrl.trajlog as tl
+
+    path = tmp_path / "t.jsonl"
+    with TrajectoryWriter(path) as w:
+        w.write(small(0))
+    with open(path, "ab") as f:
+        f.write(b"x" * 5000 + b"\n")
+    monkeypatch.setattr(tl, "MAX_RECORD_BYTES", 4096)
+    with pytest.raises(CorruptLogError, match=r"t\.jsonl:2: record longer than 4096 bytes"):
+        read_all(path)

@@ -1,7 +1,10 @@
 """One metrics sink for every room: JSONL (always) + TensorBoard event files (optional).
 
 ``metrics.jsonl`` has one object per ``log`` call: ``{"step": 3, "time": 12.5, "rl/loss": ...}``;
-it is append-only and flushed per line, so a crashed run keeps every logged step.
+it is append-only and flushed per line, so a crashed run keeps every logged step. A writer
+reopening a file whose last line was torn (the process died mid-write) first moves the torn
+bytes to ``metrics.jsonl.torn-<µs>`` (as the trajectory log does), so the next row starts on
+its own line instead of gluing onto the fragment.
 """
 
 from __future__ import annotations
@@ -16,6 +19,8 @@ from typing import Any
 import numpy as np
 import orjson
 
+from provrl.trajlog import repair_torn_tail
+
 
 class MetricsWriter:
     """Write scalar metrics (and histograms) under ``run_dir``.
@@ -29,6 +34,7 @@ class MetricsWriter:
         self.run_dir = Path(run_dir)
         self.run_dir.mkdir(parents=True, exist_ok=True)
         self.path = self.run_dir / "metrics.jsonl"
+        repair_torn_tail(self.path)
         self._f = open(self.path, "ab")  # noqa: SIM115 - closed in close()
         self._t0 = time.time()
         self._tb: Any = None
@@ -71,10 +77,18 @@ class MetricsWriter:
 
 
 def read_metrics(path: str | os.PathLike[str]) -> list[dict[str, Any]]:
-    """All rows of a ``metrics.jsonl`` (a torn last line is ignored)."""
+    """All rows of a ``metrics.jsonl`` (a torn last line is ignored). A bad line in the
+    middle raises ``ValueError`` naming the file and line."""
     rows = []
     with open(path, "rb") as f:
-        for line in f:
-            if line.endswith(b"\n"):
-                rows.append(orjson.loads(line))
+        for lineno, line in enumerate(f, 1):
+            if not line.endswith(b"\n"):
+                break
+            try:
+                row = orjson.loads(line)
+            except orjson.JSONDecodeError as e:
+                raise ValueError(f"{path}:{lineno}: not a JSON metrics row ({e})") from None
+            if not isinstance(row, dict):
+                raise ValueError(f"{path}:{lineno}: a metrics row must be a JSON object")
+            rows.append(row)
     return rows

@@ -102,12 +102,20 @@ def show_trajectories(
     table: bool = False,
     max_tokens: int = 200,
     tokenizer: str = "smollm2-135m",
-) -> None:
+) -> int:
+    """Print up to ``limit`` trajectories of a log (unreadable records are skipped with a
+    warning); returns how many were shown. A log with no readable record at all raises
+    :class:`~provrl.trajlog.CorruptLogError` (the command must not succeed on nothing)."""
     from rich.console import Console
 
-    from provrl.trajlog import read_trajectories
+    from provrl.trajlog import CorruptLogError, read_trajectories
 
     console = Console()
     decode = token_decoder(tokenizer)
+    shown = 0
     for traj in itertools.islice(read_trajectories(path, strict=False), limit):
         print_trajectory(console, traj, decode, table=table, max_tokens=max_tokens)
+        shown += 1
+    if shown == 0 and limit > 0:
+        raise CorruptLogError(f"{path}: no readable trajectory record")
+    return shown
