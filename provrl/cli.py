@@ -16,7 +16,7 @@ import typer
 from provrl.classic.cli import trpo
 from provrl.engine.cli import bench_engine
 from provrl.env.cli import bench_search, eval_cmd, serve_search, world
-from provrl.pipeline.cli import report, run
+from provrl.pipeline.cli import filter_cmd, probe, report, run
 from provrl.theory.cli import app as theory_app
 from provrl.train.sft_cli import sft
 
@@ -39,6 +39,8 @@ app.command("world")(world)
 app.command("serve-search")(serve_search)
 app.command("eval")(eval_cmd)
 app.command("sft")(sft)
+app.command("probe")(probe)
+app.command("filter")(filter_cmd)
 bench_app.command("engine")(bench_engine)
 bench_app.command("search")(bench_search)
 

@@ -76,6 +76,21 @@ class RLLoopConfig(Section):
     )
 
 
+class FilterConfig(Section):
+    """The filter band: tasks with min_successes ≤ K ≤ max_successes are kept; K below the
+    band goes to ``unsolved`` (re-probed later, never "unlearnable"), above it to ``solved``."""
+
+    min_successes: int = Field(
+        1, ge=0, description="Lowest K kept (1: drop all-failure groups, which have no signal)."
+    )
+    max_successes: int | None = Field(
+        None,
+        ge=0,
+        description="Highest K kept (None = k − 1: drop all-success groups). A lower bound "
+        "such as k − 2 keeps only tasks the policy still fails often.",
+    )
+
+
 class EvalStageConfig(Section):
     """The held-out evaluation of each policy on the test split."""
 
@@ -106,6 +121,9 @@ class PipelineConfig(Section):
         True,
         description="SFT on oracle (teacher) traces first: needed for models that cannot use "
         "the tools zero-shot (SmolLM2-135M, the tiny model).",
+    )
+    filter: FilterConfig = Field(
+        default_factory=FilterConfig, description="Which probed tasks RL trains on."
     )
     self_sft: bool = Field(
         False,

@@ -98,8 +98,8 @@ def run_pipeline(cfg: RunConfig, run_dir: str | Path, *, progress: bool = True) 
     probe = _stage(
         run, "probe", lambda: stages.probe(cfg, run, world_dir, sl["probe"], policy, progress)
     )
-    pools = _stage(run, "filter", lambda: stages.filter_pools(cfg, run, probe))
-    stages.check_fresh(cfg, probe, policy, world_dir)
+    pools = _stage(run, "filter", lambda: stages.filter_pools(cfg, run))
+    stages.check_fresh(cfg, run, policy, world_dir)
     say(
         f"filter: kept {pools['sizes']['kept']} of {len(sl['probe'])} (K histogram "
         f"{pools['K_histogram']})"

@@ -6,105 +6,69 @@ Each is a function of (config, run directory, inputs) that returns the stage sum
 
 from __future__ import annotations
 
+import json
 import math
 from pathlib import Path
 from typing import Any
 
-import numpy as np
-
-from provrl.env.tasks import Task, load_tasks, save_tasks
+from provrl.env.tasks import Task, load_tasks
 from provrl.pipeline.rundir import RunDir
 from provrl.run_config import RunConfig
-
-POOLS = ("kept", "unsolved", "solved")
 
 
 def probe(
     cfg: RunConfig, run: RunDir, world_dir: Path, tasks: list[Task], policy: str, progress: bool
 ) -> dict[str, Any]:
-    """k samples per task with the current policy and tools (resumable: samples already in
-    the log are not rerun); per-task K and the identities of policy and tools."""
-    from provrl.pipeline.collector import Collector, open_policy_env
-    from provrl.trajlog import TrajectoryWriter, read_trajectories
+    """k samples per task with the current policy and tools, into ``RUN/probe`` (a probe
+    directory, :mod:`provrl.pipeline.probe`; resumable)."""
+    from provrl.pipeline.probe import run_probe
 
-    d = run.stage("probe")
-    k = cfg.pipeline.rl.k
-    log = d / "trajectories.jsonl"
-    done = list(read_trajectories(log)) if log.is_file() else []
-    env_cfg = _env_for(cfg, concurrency=cfg.pipeline.rl.concurrency)
-    K: dict[str, int] = {}
-    with (
-        open_policy_env(
-            policy,
-            world_dir,
-            env_cfg,
-            dtype=cfg.model.dtype,
-            engine_cfg=_engine_cfg(cfg, cfg.pipeline.rl.concurrency),
-        ) as (env, _),
-        TrajectoryWriter(log) as writer,
-        Collector(
-            env,
-            concurrency=cfg.pipeline.rl.concurrency,
-            seed=cfg.seed,
-            writer=writer,
-            progress="probe" if progress else None,
-        ) as col,
-    ):
-        for g in col.run(tasks, k, done=done):
-            K[g.task.task_id] = g.successes
-        stats = col.summary()
-        policy_id, tools_id = env.policy, env.tools
-    save_tasks(tasks, d / "tasks.jsonl")
-    return {
-        "policy": policy,
-        "policy_fingerprint": policy_id.fingerprint,
-        "tools_fingerprint": tools_id.fingerprint,
-        "k": k,
-        "K": K,
-        "throughput": stats,
-    }
+    loop = cfg.pipeline.rl
+    out = run_probe(
+        policy,
+        tasks,
+        world_dir,
+        cfg.env,
+        run.stage("probe"),
+        k=loop.k,
+        seed=cfg.seed,
+        dtype=cfg.model.dtype,
+        engine_cfg=_engine_cfg(cfg, loop.concurrency),
+        concurrency=loop.concurrency,
+        progress=progress,
+    )
+    out.pop("records")  # in RUN/probe/probe.json; the stage marker keeps the summary
+    return out
 
 
-def filter_pools(cfg: RunConfig, run: RunDir, probe: dict[str, Any]) -> dict[str, Any]:
-    """kept: 0 < K < k; unsolved: K = 0 (re-probed later, never "unlearnable"); solved:
-    K = k. Every probed task lands in exactly one pool."""
-    d = run.stage("filter")
-    k, K = int(probe["k"]), probe["K"]
-    tasks = load_tasks(run.root / "probe" / "tasks.jsonl")
-    pool_of = {
-        t.task_id: "unsolved" if K[t.task_id] == 0 else "solved" if K[t.task_id] == k else "kept"
-        for t in tasks
-    }
-    sizes = {}
-    for name in POOLS:
-        members = [t for t in tasks if pool_of[t.task_id] == name]
-        save_tasks(members, d / f"{name}.jsonl")
-        sizes[name] = len(members)
-    hist = np.bincount([K[t.task_id] for t in tasks], minlength=k + 1).tolist()
-    return {"sizes": sizes, "K_histogram": hist, "k": k}
+def filter_pools(cfg: RunConfig, run: RunDir) -> dict[str, Any]:
+    """The probe's tasks into kept / unsolved / solved (``pipeline.filter`` band), with the
+    retention report, into ``RUN/filter``."""
+    from provrl.pipeline.probe import run_filter
+
+    f = cfg.pipeline.filter
+    out = run_filter(
+        run.root / "probe", run.stage("filter"), lo=f.min_successes, hi=f.max_successes, report=True
+    )
+    out.pop("pool_of")
+    return out
 
 
 def load_pool(run: RunDir, name: str) -> list[Task]:
     return load_tasks(run.root / "filter" / f"{name}.jsonl")
 
 
-def check_fresh(cfg: RunConfig, probe: dict[str, Any], policy: str, world_dir: Path) -> None:
-    """Refuse pools probed with another policy or tool configuration (unless
-    ``pipeline.allow_stale_pools``)."""
-    from provrl.env.agent import tools_identity
-    from provrl.env.evaluate import search_backend
+def check_fresh(cfg: RunConfig, run: RunDir, policy: str, world_dir: Path) -> list[str]:
+    """Refuse pools probed with another policy or tool configuration than the RL stage will
+    use (unless ``pipeline.allow_stale_pools``)."""
+    from provrl.pipeline.probe import check_fresh as check
+    from provrl.pipeline.probe import current_manifest
 
-    tools = tools_identity(search_backend(world_dir, cfg.env), cfg.env.search, cfg.env.agent)
-    problems = []
-    if probe["policy"] != policy:
-        problems.append(f"policy {probe['policy']} ≠ {policy}")
-    if probe["tools_fingerprint"] != tools.fingerprint:
-        problems.append("tool configuration changed")
-    if problems and not cfg.pipeline.allow_stale_pools:
-        raise ValueError(
-            "stale filter pools: " + "; ".join(problems) + " (re-probe, or set "
-            "pipeline.allow_stale_pools=true)"
-        )
+    now = current_manifest(
+        policy, world_dir, cfg.env, k=cfg.pipeline.rl.k, seed=cfg.seed, dtype=cfg.model.dtype
+    )
+    summary = json.loads((run.root / "filter" / "filter.json").read_text())
+    return check(summary, now, allow=cfg.pipeline.allow_stale_pools)
 
 
 def self_sft(
