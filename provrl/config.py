@@ -11,11 +11,18 @@ sections — ``EngineConfig``, ``EnvConfig``, ``RLConfig``, … — on top of :c
 ``preset`` is a name in ``configs/`` (``quick`` → ``configs/quick.yaml``) or a path. An
 override ``a.b.c=value`` parses ``value`` as YAML (so ``1e-5``, ``true``, ``[1, 2]`` work).
 Errors name the key and where it came from (the file or the command line).
+
+YAML is parsed with the safe loader and bounded: a config text over
+:data:`MAX_CONFIG_BYTES`, or one whose anchors and aliases expand to more than
+:data:`MAX_CONFIG_NODES` nodes (a "billion laughs" alias bomb: 400 bytes that expand to
+10⁹ strings), is refused before anything walks the expanded tree; error messages quote at
+most a few dozen characters of an offending value.
 """
 
 from __future__ import annotations
 
 import contextlib
+import reprlib
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -23,6 +30,12 @@ import yaml
 from pydantic import BaseModel, ConfigDict, ValidationError
 
 CONFIG_DIR = Path(__file__).resolve().parent.parent / "configs"
+MAX_CONFIG_BYTES = 1 << 20
+"""Largest config file (or override value) read, in bytes."""
+MAX_CONFIG_NODES = 100_000
+"""Most YAML nodes a config may hold once its aliases are expanded."""
+_SHORT = reprlib.Repr()  # bounded repr of offending values: a few items, levels, characters
+_SHORT.maxlevel, _SHORT.maxlist, _SHORT.maxdict, _SHORT.maxstring = 2, 4, 4, 60
 
 
 class ConfigError(ValueError):
@@ -43,6 +56,55 @@ def preset_path(preset: str | Path) -> Path:
     if p.suffix in (".yaml", ".yml") or p.exists():
         return p
     return CONFIG_DIR / f"{preset}.yaml"
+
+
+def _expanded_size(node: yaml.Node, memo: dict[int, int], limit: int) -> tuple[int, Any]:
+    """Nodes in the tree ``node`` stands for once aliases are expanded (an alias counts its
+    whole target again), saturating just past ``limit``; also the mark of the innermost
+    node that passed ``limit``. Linear in the *composed* graph: memoised by node."""
+    key = id(node)
+    if key in memo:
+        if memo[key] < 0:  # still being counted: a recursive alias (&a [*a])
+            return limit + 1, node.start_mark
+        return memo[key], None
+    memo[key] = -1
+    size, mark = 1, None
+    children: list[yaml.Node] = []
+    if isinstance(node, yaml.SequenceNode):
+        children = list(node.value)
+    elif isinstance(node, yaml.MappingNode):
+        children = [x for kv in node.value for x in kv]
+    for child in children:
+        n, m = _expanded_size(child, memo, limit)
+        size, mark = min(size + n, limit + 1), mark or m
+    if size > limit and mark is None:
+        mark = node.start_mark
+    memo[key] = size
+    return size, mark
+
+
+def parse_yaml(text: str, source: str) -> Any:
+    """``yaml.safe_load(text)``, bounded in size and in alias expansion (the module
+    docstring); errors are :class:`ConfigError` naming ``source`` and the line."""
+    if len(text) > MAX_CONFIG_BYTES:
+        raise ConfigError(f"{source}: longer than {MAX_CONFIG_BYTES} bytes, the limit for a config")
+    loader = yaml.SafeLoader(text)
+    try:
+        node = loader.get_single_node()
+        if node is None:
+            return None
+        size, mark = _expanded_size(node, {}, MAX_CONFIG_NODES)
+        if size > MAX_CONFIG_NODES:
+            line = f" line {mark.line + 1}:" if mark is not None else ""
+            raise ConfigError(
+                f"{source}:{line} YAML anchors/aliases expand to more than {MAX_CONFIG_NODES} "
+                "values (an alias bomb?); write the values out instead"
+            )
+        return loader.construct_document(node)
+    except RecursionError:
+        raise ConfigError(f"{source}: YAML nested too deeply") from None
+    finally:
+        loader.dispose()
 
 
 def _set_dotted(tree: dict[str, Any], key: str, value: Any) -> None:
@@ -67,7 +129,7 @@ def parse_overrides(overrides: list[str] | tuple[str, ...]) -> dict[str, Any]:
         if not key:
             raise ConfigError(f"override {item!r} (command line): empty key")
         try:
-            value = yaml.safe_load(raw) if raw.strip() else ""
+            value = parse_yaml(raw, f"override {key!r} (command line)") if raw.strip() else ""
         except yaml.YAMLError:
             value = raw
         if isinstance(value, str):  # YAML 1.1 reads "1e-5" as a string
@@ -95,18 +157,24 @@ def _format_errors(err: ValidationError, source: str) -> str:
         if e["type"] == "extra_forbidden":
             lines.append(f"{source}: unknown key {key!r}")
         else:
-            lines.append(f"{source}: key {key!r}: {e['msg']} (got {e.get('input')!r})")
+            lines.append(f"{source}: key {key!r}: {e['msg']} (got {_SHORT.repr(e.get('input'))})")
     return "\n".join(lines)
 
 
 def load_yaml(path: Path) -> dict[str, Any]:
     try:
-        data = yaml.safe_load(path.read_text()) or {}
+        with open(path, "rb") as f:  # bounded read: the path may be a FIFO or /dev/zero
+            raw = f.read(MAX_CONFIG_BYTES + 1)
+        data = parse_yaml(raw.decode("utf-8"), str(path)) or {}
     except FileNotFoundError as e:
         known = sorted(p.stem for p in CONFIG_DIR.glob("*.yaml"))
         raise ConfigError(f"{path}: no such config file (presets: {known})") from e
+    except (IsADirectoryError, PermissionError) as e:
+        raise ConfigError(f"{path}: cannot read the config file ({e.strerror})") from e
+    except UnicodeDecodeError as e:
+        raise ConfigError(f"{path}: not UTF-8 text (byte {e.start})") from e
     except yaml.YAMLError as e:
-        raise ConfigError(f"{path}: invalid YAML: {e}") from e
+        raise ConfigError(f"{path}: invalid YAML: {' '.join(str(e).split())}") from e
     if not isinstance(data, dict):
         raise ConfigError(f"{path}: top level must be a mapping, got {type(data).__name__}")
     return data

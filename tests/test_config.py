@@ -58,3 +58,59 @@ def test_every_field_is_documented():
                 walk(ann)
 
     walk(RunConfig)
+
+
+BOMB = "\n".join(
+    [
+        'a: &a ["lol","lol","lol","lol","lol","lol","lol","lol","lol"]',
+        *(
+            f"{y}: &{y} [{','.join([f'*{x}'] * 9)}]"
+            for x, y in zip("abcdefgh", "bcdefghi", strict=True)
+        ),
+    ]
+)
+
+
+def test_yaml_alias_bomb_is_refused_fast_with_one_line(tmp_path):
+    """A ~400-byte 'billion laughs' config used to take > 60 s and > 3 GB (validation and
+    the error message walked the expanded tree)."""
+    import time
+
+    p = tmp_path / "bomb.yaml"
+    p.write_text(BOMB + "\nseed: *i\n")
+    assert len(p.read_bytes()) < 500
+    t0 = time.perf_counter()
+    with pytest.raises(ConfigError, match=r"bomb\.yaml: line 6: YAML anchors/aliases expand") as e:
+        load_config(RunConfig, p)
+    assert "\n" not in str(e.value)
+    with pytest.raises(ConfigError, match=r"override 'seed' \(command line\).*alias"):
+        load_config(RunConfig, None, ["seed={" + BOMB.replace("\n", ", ") + ", z: *i}"])
+    assert time.perf_counter() - t0 < 5  # generous: it is milliseconds; a regression is minutes
+
+
+def test_small_anchors_still_work_and_recursive_ones_are_refused(tmp_path):
+    p = tmp_path / "ok.yaml"
+    p.write_text("seed: &s 5\n")
+    assert load_config(RunConfig, p).seed == 5
+    from provrl.config import parse_yaml
+
+    assert parse_yaml("a: &x [1, 2]\nb: *x\n", "t") == {"a": [1, 2], "b": [1, 2]}
+    with pytest.raises(ConfigError, match="t: line 1: YAML anchors"):
+        parse_yaml("a: &x [*x]\n", "t")
+    with pytest.raises(ConfigError, match="nested too deeply"):
+        parse_yaml("[" * 100_000, "t")
+
+
+def test_config_size_is_bounded_and_bad_values_are_quoted_short(tmp_path):
+    from provrl.config import MAX_CONFIG_BYTES
+
+    p = tmp_path / "big.yaml"
+    p.write_text("seed: 1\n" + "#" * MAX_CONFIG_BYTES)
+    with pytest.raises(ConfigError, match=r"big\.yaml: longer than \d+ bytes"):
+        load_config(RunConfig, p)
+    with pytest.raises(ConfigError, match="key 'seed'") as e:
+        load_config(RunConfig, None, ["seed=[" + ", ".join(["1"] * 50_000) + "]"])
+    assert len(str(e.value)) < 200
+    (tmp_path / "bin.yaml").write_bytes(b"seed: \xff\n")
+    with pytest.raises(ConfigError, match=r"bin\.yaml: not UTF-8"):
+        load_config(RunConfig, tmp_path / "bin.yaml")
