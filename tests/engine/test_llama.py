@@ -93,6 +93,6 @@ def test_state_dict_errors_name_the_key(tiny):
 
 def test_unsupported_architecture_is_rejected(tiny):
     cfg = tiny.model.config.__class__(**tiny.model.config.to_dict())
-    cfg.attention_bias = True
-    with pytest.raises(EngineError, match="attention_bias"):
+    cfg.mlp_bias = True  # (attention_bias is supported: tests/engine/test_families.py)
+    with pytest.raises(EngineError, match="mlp_bias"):
         LlamaShape.from_config(cfg)
