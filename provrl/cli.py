@@ -2,16 +2,29 @@
 
 Heavy imports (torch, transformers) happen inside commands, so ``--help`` is instant.
 Each room owns its commands in ``provrl/<room>/cli.py``; this file only wires them.
+
+:func:`main` (the ``provrl`` console script) is the one top-level error handler: an
+expected error — a bad config, task file, checkpoint, trajectory log, world, search
+service, engine request, pydantic validation, a missing file, a usage error — prints ONE
+line, ``provrl: error: <message naming the file, line or field>``, and exits 2.
+``--debug`` (anywhere on the command line) or ``PROVRL_DEBUG=1`` prints the traceback
+first. Anything else is a bug and keeps Python's traceback.
 """
 
 from __future__ import annotations
 
 import json
+import os
+import sys
 import time
+import traceback
+import warnings
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Annotated, Any
 
 import typer
+from typer.exceptions import TyperException
 
 from provrl.classic.cli import trpo
 from provrl.engine.cli import bench_engine
@@ -21,7 +34,8 @@ from provrl.theory.cli import app as theory_app
 from provrl.train.sft_cli import sft
 
 app = typer.Typer(
-    help="provrl: RL post-training of tool-using LLM agents with exact per-token provenance.",
+    help="provrl: RL post-training of tool-using LLM agents with exact per-token provenance. "
+    "Errors print one line and exit 2; --debug (or PROVRL_DEBUG=1) adds the traceback.",
     no_args_is_help=True,
     pretty_exceptions_enable=False,
     add_completion=False,
@@ -141,5 +155,69 @@ app.command("report")(report)
 app.command("demo", help="Alias of `provrl run` (what `make demo` runs).")(run)
 
 
+# ----------------------------------------------------------------------------- errors
+EXPECTED_ERRORS: tuple[type[BaseException], ...] = (ValueError, OSError, RuntimeError)
+"""What a user's input can cause: every provrl error class derives from ValueError
+(ConfigError, EngineError, WorldError, TaskFileError, CheckpointError, ProvenanceError,
+CorruptLogError, FilterError; pydantic's ValidationError too) except SearchError, a
+RuntimeError like torch's device errors; OSError covers missing files, permissions and
+timeouts. Other exceptions are bugs and keep their traceback."""
+MAX_MESSAGE_CHARS = 1000
+
+
+def one_line(e: BaseException) -> str:
+    """``e``'s message as one line (a multi-line message's lines joined with "; "), at most
+    :data:`MAX_MESSAGE_CHARS` characters; pydantic errors as ``Model: field 'a.b': msg``."""
+    from pydantic import ValidationError
+
+    if isinstance(e, ValidationError):
+        parts = [
+            f"{e.title}: field {'.'.join(str(p) for p in x['loc']) or '<root>'!r}: {x['msg']}"
+            for x in e.errors()
+        ]
+    else:
+        parts = [line.strip() for line in str(e).splitlines() if line.strip()]
+    msg = "; ".join(parts) or type(e).__name__
+    if isinstance(e, OSError | RuntimeError) and not msg.startswith(type(e).__name__):
+        msg = f"{type(e).__name__}: {msg}"
+    if len(msg) > MAX_MESSAGE_CHARS:
+        msg = msg[: MAX_MESSAGE_CHARS - 1] + "…"
+    return msg
+
+
+def _warning_line(message: Warning | str, category: type[Warning], *_: Any, **__: Any) -> str:
+    return f"provrl: warning: {' '.join(str(message).split())}\n"
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """The ``provrl`` console script: :data:`app` behind the one top-level error handler
+    (see the module docstring). Returns the exit code (0, 2 for an expected error)."""
+    args = list(sys.argv[1:] if argv is None else argv)
+    end = args.index("--") if "--" in args else len(args)
+    debug = "--debug" in args[:end] or os.environ.get("PROVRL_DEBUG", "") not in ("", "0")
+    args = [a for i, a in enumerate(args) if i >= end or a != "--debug"]
+    warnings.formatwarning = _warning_line
+    try:
+        code = app(args=args, prog_name="provrl", standalone_mode=False)
+    except TyperException as e:  # click's usage errors: one line, not click's box
+        msg = str(getattr(e, "format_message", e.__str__)())
+        if type(e).__name__ == "NoArgsIsHelpError":  # `provrl models`: its help
+            typer.echo(msg, err=True)
+        else:
+            ctx = getattr(e, "ctx", None)
+            hint = f" (see `{ctx.command_path} --help`)" if ctx is not None else ""
+            typer.echo(f"provrl: error: {' '.join(msg.split())}{hint}", err=True)
+        return int(getattr(e, "exit_code", 2))
+    except typer.Abort:
+        typer.echo("provrl: aborted", err=True)
+        return 130
+    except EXPECTED_ERRORS as e:
+        if debug:
+            traceback.print_exc()
+        typer.echo(f"provrl: error: {one_line(e)}", err=True)
+        return 2
+    return code if isinstance(code, int) else 0
+
+
 if __name__ == "__main__":
-    app()
+    sys.exit(main())

@@ -75,3 +75,79 @@ def test_trajectories_show(tmp_path):
     assert "traj-42" in res.output and "versions [3, 4]" in res.output
     res = runner.invoke(app, ["trajectories", "show", str(path), "--table"])
     assert res.exit_code == 0 and "-0.3000" in res.output and "2..4" in res.output
+
+
+# ----------------------------------------------------------------------------- errors
+def _cases(tmp_path):
+    """(argv, text the one line must contain) for expected errors of many kinds."""
+    bad_key = tmp_path / "bad.yaml"
+    bad_key.write_text("model:\n  nmae: tiny\n")
+    bomb = tmp_path / "bomb.yaml"
+    bomb.write_text(
+        'a: &a ["x","x","x","x","x","x","x","x","x","x"]\n'
+        + "".join(
+            f"{y}: &{y} [{','.join([f'*{x}'] * 10)}]\n"
+            for x, y in zip("abcdefgh", "bcdefghi", strict=True)
+        )
+        + "seed: *i\n"
+    )
+    corrupt = tmp_path / "corrupt.jsonl"
+    corrupt.write_bytes(b'{"crc":1,"rec":{}}\n')
+    world = tmp_path / "w"
+    (world / "tasks").mkdir(parents=True)
+    (world / "world.json").write_text("{}")
+    (world / "tasks" / "test.jsonl").write_text('{"task_id": 1}\n')
+    return {
+        "config unknown key": (["run", "--preset", str(bad_key)], "bad.yaml: unknown key"),
+        "config alias bomb": (["run", "--preset", str(bomb)], "bomb.yaml: line"),
+        "override value": (["run", "--set", "seed=abc"], "key 'seed'"),
+        "no such preset": (["run", "--preset", str(tmp_path / "x.yaml")], "no such config file"),
+        "corrupt log": (["trajectories", "show", str(corrupt)], "corrupt.jsonl: no readable"),
+        "missing file": (["trajectories", "show", str(tmp_path / "no.jsonl")], "does not exist"),
+        "not a world": (["eval", "--world", str(tmp_path / "nope")], "not a world directory"),
+        "bad task file": (
+            ["eval", "--world", str(world), "--split", "test"],
+            "test.jsonl:1: field 'task_id'",
+        ),
+        "bad field value": (["eval", "--split", "bogus", "--world", str(world)], "field 'split'"),
+        "usage": (["eval", "--n", "many"], "Invalid value for '--n'"),
+    }
+
+
+def test_every_expected_error_is_one_line_and_exit_code_2(tmp_path, capsys):
+    from provrl.cli import main
+
+    for name, (argv, needle) in _cases(tmp_path).items():
+        code = main(argv)
+        err = capsys.readouterr().err.strip()
+        assert code == 2, (name, err)
+        assert len(err.splitlines()) == 1 and err.startswith("provrl: error: "), (name, err)
+        assert needle in err, (name, err)
+
+
+def test_debug_shows_the_traceback_then_the_line(tmp_path, capsys, monkeypatch):
+    from provrl.cli import main
+
+    argv, needle = _cases(tmp_path)["bad task file"]
+    assert main([*argv, "--debug"]) == 2
+    err = capsys.readouterr().err
+    assert "Traceback (most recent call last)" in err and "TaskFileError" in err
+    assert err.strip().splitlines()[-1].startswith("provrl: error: ") and needle in err
+    monkeypatch.setenv("PROVRL_DEBUG", "1")
+    assert main(argv) == 2
+    assert "Traceback" in capsys.readouterr().err
+    monkeypatch.setenv("PROVRL_DEBUG", "0")
+    assert main(argv) == 2
+    assert "Traceback" not in capsys.readouterr().err
+
+
+def test_console_script_is_main_and_success_exits_0(capsys):
+    import tomllib
+    from pathlib import Path
+
+    from provrl.cli import main
+
+    scripts = tomllib.loads(Path(__file__).parents[1].joinpath("pyproject.toml").read_text())
+    assert scripts["project"]["scripts"]["provrl"] == "provrl.cli:main"
+    assert main(["models", "list"]) == 0
+    assert main(["--help"]) == 0
