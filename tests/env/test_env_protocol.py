@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import json
+import re
 
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from provrl.env.protocol import Call, Malformed, parse, render_call, stop_strings
+from provrl.env.protocol import Call, Malformed, first_tag, parse, render_call, stop_strings
 
 # text with lots of protocol fragments in it
 FRAGMENTS = st.sampled_from(
@@ -107,3 +109,34 @@ def test_hermes_examples():
     ]:
         r = parse(bad, "hermes")
         assert isinstance(r, Malformed) and why in r.error, (bad, r)
+
+
+# the regex parse_tag used before it became linear: the reference semantics
+_OLD_TAG = re.compile(r"<(search|open|answer)>(.*?)</\1>", re.DOTALL)
+
+
+@settings(max_examples=400, deadline=None)
+@given(MODEL_TEXT)
+def test_first_tag_finds_what_the_lazy_regex_found(text):
+    m, t = _OLD_TAG.search(text), first_tag(text)
+    if m is None:
+        assert t is None
+    else:
+        assert t is not None
+        assert (t.name, t.start, t.end, t.body) == (m.group(1), m.start(), m.end(), m.group(2))
+
+
+@pytest.mark.parametrize("protocol", ["tag", "hermes"])
+def test_a_megabyte_of_unclosed_tags_parses_in_linear_time(protocol):
+    """1 MB of unclosed <search> took 705 s with the lazy regex (quadratic)."""
+    import time
+
+    for text in (
+        "<search>" * 131_072,
+        "<tool_call>" * 95_000,
+        "<search><open><answer>" * 47_000 + "</answer>",
+    ):
+        t0 = time.perf_counter()
+        r = parse(text, protocol)
+        assert time.perf_counter() - t0 < 2.0  # milliseconds; quadratic was minutes
+        assert isinstance(r, Malformed | Call)
