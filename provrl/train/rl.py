@@ -282,32 +282,35 @@ class RLTrainer:
         full: list[torch.Tensor] = []
         for rows in self._micro(torch.arange(B), batch, sort=False):
             ids, attn, act, L = self._slice(batch, rows)
-            out = token_logprobs_chunked(
-                self.model,
-                ids,
-                attn,
-                positions=act,
-                temperature=batch.temperature[rows],
-                chunk_tokens=cfg.logprob_chunk_tokens,
-                with_entropy=entropy is not None,
-                top_p=batch.top_p[rows] if excluded is not None else None,
-                top_k=batch.top_k[rows] if excluded is not None else None,
-                with_log_softmax=cfg.optimizer == "trpo",
-            )
+            with self._autocast():
+                out = token_logprobs_chunked(
+                    self.model,
+                    ids,
+                    attn,
+                    positions=act,
+                    temperature=batch.temperature[rows],
+                    chunk_tokens=cfg.logprob_chunk_tokens,
+                    with_entropy=entropy is not None,
+                    top_p=batch.top_p[rows] if excluded is not None else None,
+                    top_k=batch.top_k[rows] if excluded is not None else None,
+                    with_log_softmax=cfg.optimizer == "trpo",
+                )
             logprobs[rows, :L] = out.logprobs
             if entropy is not None and out.entropy is not None:
                 entropy[rows, :L] = out.entropy
             if excluded is not None and out.excluded_mass is not None:
                 excluded[rows, :L] = out.excluded_mass
             if ref is not None:
-                ref[rows, :L] = token_logprobs_chunked(
-                    self.ref_model,
-                    ids,
-                    attn,
-                    positions=act,
-                    temperature=batch.temperature[rows],
-                    chunk_tokens=cfg.logprob_chunk_tokens,
-                ).logprobs
+                with self._autocast():
+                    ref_out = token_logprobs_chunked(
+                        self.ref_model,
+                        ids,
+                        attn,
+                        positions=act,
+                        temperature=batch.temperature[rows],
+                        chunk_tokens=cfg.logprob_chunk_tokens,
+                    )
+                ref[rows, :L] = ref_out.logprobs
             if out.log_softmax is not None:
                 full.append(out.log_softmax)
         return Proximal(logprobs, entropy, excluded, ref, torch.cat(full) if full else None)
@@ -386,14 +389,15 @@ class RLTrainer:
     ) -> LossOutput:
         """Loss of one micro-batch (with grad); ``weights`` are the minibatch's ω."""
         ids, attn, act, L = self._slice(batch, rows)
-        logp = token_logprobs_chunked(
-            self.model,
-            ids,
-            attn,
-            positions=act,
-            temperature=batch.temperature[rows],
-            chunk_tokens=self.cfg.logprob_chunk_tokens,
-        ).logprobs
+        with self._autocast():
+            logp = token_logprobs_chunked(
+                self.model,
+                ids,
+                attn,
+                positions=act,
+                temperature=batch.temperature[rows],
+                chunk_tokens=self.cfg.logprob_chunk_tokens,
+            ).logprobs
         return policy_loss(
             logp,
             _cut(prox.logprobs, rows, L),
@@ -461,9 +465,11 @@ class RLTrainer:
         """Full log π_θ(·|h_t) ``[N, V]`` at the action positions of ``rows`` (in
         ``positions.nonzero()`` order), at each row's temperature. Memory N · V floats."""
         ids, attn, act, _ = self._slice(batch, rows)
-        h, r, _ = hidden_before(self.model, ids, attn, act)
+        with self._autocast():
+            h, r, _ = hidden_before(self.model, ids, attn, act)
+            logits = head_logits(self.model, h)
         temp = batch.temperature[rows][r]
-        return torch.log_softmax(head_logits(self.model, h) / temp[:, None], dim=-1)
+        return torch.log_softmax(logits.float() / temp[:, None], dim=-1)
 
     def _mean_kl(self, batch: RLBatch, prox: Proximal, rows: torch.Tensor) -> torch.Tensor:
         """D̄_KL = mean over the action tokens of ``rows`` of
@@ -483,6 +489,11 @@ class RLTrainer:
         return total / max(count, 1)
 
     # ------------------------------------------------------------------ helpers
+    def _autocast(self) -> Any:
+        """``torch.autocast`` in ``cfg.autocast`` (a no-op for float32)."""
+        on = self.cfg.autocast == "bfloat16"
+        return torch.autocast(self.device.type, torch.bfloat16, enabled=on)
+
     def _micro(
         self, rows: torch.Tensor, batch: RLBatch, sort: bool = True
     ) -> Iterator[torch.Tensor]:

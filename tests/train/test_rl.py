@@ -293,3 +293,25 @@ def test_grpo_improves_the_exact_expected_reward(tiny, model, prompts):
         trainer.step(trajs)
     assert 0.2 < j0 < 0.4
     assert exact_j() > j0 + 0.15
+
+
+def test_bfloat16_autocast_step_is_close_to_float32_and_keeps_float32_weights(
+    tiny, model, sampled
+):
+    """cfg.autocast = bfloat16: the proximal pass differs from float32 only by bf16 rounding,
+    weights and optimizer state stay float32, and the update still follows the advantages."""
+    pad = tiny.tokenizer.pad_token_id
+    trajs = fresh(sampled)
+    f32 = RLTrainer(copy.deepcopy(model), RLConfig(lr=1e-3), pad_token_id=pad)
+    bf16 = RLTrainer(model, RLConfig(lr=1e-3, autocast="bfloat16"), pad_token_id=pad)
+    batch, _ = prepare_batch(trajs, pad_token_id=pad, vocab_size=49152, cfg=AdvantageConfig())
+    a, b = f32.proximal_pass(batch).logprobs, bf16.proximal_pass(batch).logprobs
+    m = batch.mask
+    assert a.dtype == b.dtype == torch.float32
+    err = (a - b)[m].abs()
+    assert 0 < float(err.max()) < 0.1  # bf16 rounding: visible, small
+    logp_before = sequence_logprob(model, trajs, pad)
+    result = bf16.step(trajs)
+    assert all(v.dtype == torch.float32 for v in result.state_dict.values())
+    delta = sequence_logprob(model, trajs, pad) - logp_before
+    assert float((batch.advantages * delta).sum()) > 0
