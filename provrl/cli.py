@@ -28,7 +28,7 @@ from typer.exceptions import TyperException
 
 from provrl.classic.cli import trpo
 from provrl.engine.cli import bench_engine
-from provrl.env.cli import bench_search, eval_cmd, serve_search, world
+from provrl.env.cli import bench_search, eval_cmd, index_cmd, serve_search, world
 from provrl.pipeline.cli import filter_cmd, probe, report, run
 from provrl.theory.cli import app as theory_app
 from provrl.train.sft_cli import sft
@@ -51,6 +51,7 @@ app.add_typer(theory_app, name="theory")
 app.command("trpo")(trpo)
 app.command("world")(world)
 app.command("serve-search")(serve_search)
+app.command("index")(index_cmd)
 app.command("eval")(eval_cmd)
 app.command("sft")(sft)
 app.command("probe")(probe)

@@ -88,3 +88,61 @@ def test_smollm2_loads_from_the_cache_and_answers():
     ids = chat_ids(lm.tokenizer, [{"role": "user", "content": "What is the capital of France?"}])
     out = lm.model.generate(torch.tensor([ids]), max_new_tokens=8, do_sample=False)
     assert "Paris" in lm.tokenizer.decode(out[0, len(ids) :])
+
+
+MISTRAL_TEMPLATE = (
+    "{{ bos_token }}{% for message in messages %}"
+    "{% if (message['role'] == 'user') != (loop.index0 % 2 == 0) %}"
+    "{{ raise_exception('Conversation roles must alternate user/assistant/user/assistant') }}"
+    "{% endif %}{% if message['role'] == 'user' %}{{ '[INST] ' + message['content'] + ' [/INST]' }}"
+    "{% elif message['role'] == 'assistant' %}{{ message['content'] + eos_token }}{% endif %}"
+    "{% endfor %}"
+)
+# Qwen3's habit: an assistant turn after the last user turn gets an (empty) think block, so
+# adding a turn re-renders the earlier one — the second way turn_template reads the template
+QWEN3_LIKE_TEMPLATE = (
+    "{% set ns = namespace(last=0) %}{% for m in messages %}{% if m['role'] == 'user' %}"
+    "{% set ns.last = loop.index0 %}{% endif %}{% endfor %}"
+    "{% for m in messages %}{{ '<|im_start|>' + m['role'] + '\\n' }}"
+    "{% if m['role'] == 'assistant' and loop.index0 > ns.last %}"
+    "{{ '<think>\\n\\n</think>\\n\\n' }}{% endif %}{{ m['content'] + '<|im_end|>\\n' }}{% endfor %}"
+    "{% if add_generation_prompt %}{{ '<|im_start|>assistant\\n' }}{% endif %}"
+)
+
+
+@pytest.mark.parametrize("template", [None, MISTRAL_TEMPLATE, QWEN3_LIKE_TEMPLATE])
+@pytest.mark.parametrize("ended", [False, True])
+def test_continuation_follows_the_tokenizers_own_chat_template(tokenizer, template, ended):
+    """prompt ids + the model's turn + continuation ids decode to exactly the text the chat
+    template renders for the whole conversation, for ChatML, Mistral and Qwen3-style
+    templates, whether or not the turn already ended with its stop token."""
+    import copy
+
+    from provrl.models.chat import turn_template
+
+    tok = copy.deepcopy(tokenizer)
+    if template is not None:
+        tok.chat_template = template
+    q, answer, obs = "Who?", "<search>Halvex</search>", "<information>x</information>"
+    turn = tok.encode(answer, add_special_tokens=False)
+    if ended:
+        turn += [tok.eos_token_id]
+    ids = chat_ids(tok, [{"role": "user", "content": q}])
+    ids += turn + continuation_ids(tok, "user", obs, close_assistant=not ended)
+    want = tok.apply_chat_template(
+        [{"role": "user", "content": q}, {"role": "assistant", "content": answer},
+         {"role": "user", "content": obs}],
+        tokenize=False, add_generation_prompt=True,
+    )  # fmt: skip
+    assert tok.decode(ids, skip_special_tokens=False) == want
+    if template == MISTRAL_TEMPLATE:
+        assert turn_template(tok, "user").before == "[INST] "
+
+
+def test_a_template_that_cannot_add_the_turn_is_named(tokenizer):
+    import copy
+
+    tok = copy.deepcopy(tokenizer)
+    tok.chat_template = MISTRAL_TEMPLATE
+    with pytest.raises(ValueError, match=r"chat template cannot render a 'tool' turn"):
+        continuation_ids(tok, "tool", "x")

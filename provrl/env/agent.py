@@ -49,6 +49,7 @@ from provrl.env.rewards import exact_match, reward, token_f1
 from provrl.env.search import SearchBackend, SearchError
 from provrl.env.tasks import Task
 from provrl.models.chat import chat_ids, continuation_ids, stop_token_ids
+from provrl.models.loading import tokenizer_identity
 from provrl.provenance import Identity, SamplingParams, ToolCall, Trajectory, TrajectoryBuilder
 
 
@@ -116,12 +117,13 @@ class ObservationCodec:
     def __init__(self, tokenizer: Any, agent: AgentConfig) -> None:
         self.tokenizer, self.agent = tokenizer, agent
         self.stop_ids = frozenset(stop_token_ids(tokenizer))
-        self.newline = [int(i) for i in tokenizer.encode("\n", add_special_tokens=False)]
 
     def ids(self, text: str, turn_ids: Sequence[int]) -> tuple[list[int], bool]:
-        """Ids that end the model's turn (``<|im_end|>`` unless the turn already ended with
-        it), carry ``text`` in a user/tool turn and reopen the assistant turn; ``text`` is
-        cut to ``max_observation_tokens`` first. Returns (ids, whether it was cut)."""
+        """Ids that end the model's turn (the chat template's closing, e.g. ``<|im_end|>\n``,
+        minus the stop token the turn already ended with), carry ``text`` in a user/tool turn
+        and reopen the assistant turn, as the tokenizer's own chat template writes them;
+        ``text`` is cut to ``max_observation_tokens`` first. Returns (ids, whether it was
+        cut)."""
         tok, cap = self.tokenizer, self.agent.max_observation_tokens
         body = tok.encode(text, add_special_tokens=False)
         truncated = len(body) > cap
@@ -129,7 +131,7 @@ class ObservationCodec:
             text = tok.decode(body[: cap - 2], skip_special_tokens=True) + " …"
         ended = bool(turn_ids) and int(turn_ids[-1]) in self.stop_ids
         ids = continuation_ids(tok, self.agent.observation_role, text, close_assistant=not ended)
-        return (self.newline + ids if ended else ids), truncated
+        return ids, truncated
 
 
 def _params(env: AgentEnv, max_new: int, seed: int) -> SamplingParams:
@@ -329,7 +331,11 @@ def oracle_trajectory(
         ),
         timings={"tools": sum(result.latencies)},
         sampling=SamplingParams(temperature=0.0),
-        policy=Identity("oracle", "oracle-v1", {"deterministic": True}),
+        policy=Identity(
+            "oracle",
+            "oracle-v1",
+            {"deterministic": True, "tokenizer": tokenizer_identity(tokenizer)},
+        ),
         tools=tools,
         meta={
             **_meta(task, result.answer, "answer" if result.solved else "oracle_failed"),

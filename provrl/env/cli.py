@@ -88,6 +88,10 @@ def serve_search(
         float, typer.Option(help="Add log-normal latency with this median (s); 0 = none.")
     ] = 0.0,
     latency_sigma: Annotated[float, typer.Option(help="Log-normal σ of the latency.")] = 0.6,
+    index: Annotated[
+        Path | None,
+        typer.Option(help="Serve this index (from `provrl index docs.jsonl`) instead of a world."),
+    ] = None,
 ) -> None:
     """Serve the search index over HTTP with the Search-R1 / FlashRAG /retrieve protocol."""
     from provrl.env.config import LatencyConfig
@@ -95,8 +99,13 @@ def serve_search(
     from provrl.env.latency import LatencyModel, WithLatency
     from provrl.env.sqlite_index import SqliteSearch, cached_index
 
-    wd = _resolve_world(world_dir, _W.seed, None, _W.docs, _W.tasks)
-    backend: Any = SqliteSearch(cached_index(wd, progress=True), title_weight=title_weight)
+    if index is not None:
+        served: Path = index
+    else:
+        served = cached_index(
+            _resolve_world(world_dir, _W.seed, None, _W.docs, _W.tasks), progress=True
+        )
+    backend: Any = SqliteSearch(served, title_weight=title_weight)
     if latency_median > 0:
         backend = WithLatency(
             backend,
@@ -104,7 +113,7 @@ def serve_search(
                 LatencyConfig(kind="lognormal", median_s=latency_median, sigma=latency_sigma)
             ),
         )
-    typer.echo(f"serving {wd} on http://{host}:{port}/retrieve (Ctrl-C to stop)", err=True)
+    typer.echo(f"serving {served} on http://{host}:{port}/retrieve (Ctrl-C to stop)", err=True)
     serve(backend, host=host, port=port, topk=k)
 
 
@@ -138,6 +147,25 @@ def eval_cmd(
     search_k: Annotated[int, typer.Option(help="Search results per query.")] = _S.k,
     backend: Annotated[str, typer.Option(help="sqlite or http.")] = _S.backend,
     url: Annotated[str, typer.Option(help="/retrieve service URL (backend http).")] = _S.url,
+    tasks: Annotated[
+        Path | None,
+        typer.Option(
+            help="Your own task file (JSONL): plain {question, answer | [answers], id?} "
+            "records or provrl task records; replaces --split of the world."
+        ),
+    ] = None,
+    search_url: Annotated[
+        str | None,
+        typer.Option(help="A Search-R1 / FlashRAG /retrieve URL (sets --backend http)."),
+    ] = None,
+    index: Annotated[
+        Path | None,
+        typer.Option(help="A search index built by `provrl index docs.jsonl` (backend sqlite)."),
+    ] = None,
+    tokenizer: Annotated[
+        str,
+        typer.Option(help="--policy oracle: tokenize its traces for this model (name or dir)."),
+    ] = "smollm2-135m",
     concurrency: Annotated[int, typer.Option(help="Agent loops at once.")] = _E.concurrency,
     seed: Annotated[int, typer.Option(help="Seed for task choice and sampling.")] = _E.seed,
     dtype: Annotated[str, typer.Option(help="Model dtype.")] = "float32",
@@ -151,8 +179,15 @@ def eval_cmd(
     """Evaluate a policy on a task split: accuracy, pass@k, tool calls, tokens, per tier, K histogram."""
     from provrl.env.evaluate import evaluate
 
+    if search_url is not None:
+        backend, url = "http", search_url
     cfg = EnvConfig(
-        search=SearchConfig(backend=backend, url=url, k=search_k),  # type: ignore[arg-type]
+        search=SearchConfig(
+            backend=backend,  # type: ignore[arg-type]
+            url=url,
+            k=search_k,
+            index=str(index) if index is not None else "",
+        ),
         agent=AgentConfig(
             protocol=protocol,  # type: ignore[arg-type]
             shots=shots,
@@ -172,15 +207,56 @@ def eval_cmd(
             seed=seed,
         ),
     )
-    wd = _resolve_world(world_dir, _W.seed, None, _W.docs, _W.tasks)
+    needs_world = tasks is None or shots > 0 or (cfg.search.backend == "sqlite" and index is None)
+    wd = _resolve_world(world_dir, _W.seed, None, _W.docs, _W.tasks) if needs_world else None
     name = Path(policy).name if Path(policy).exists() else policy
     tag = f"-tiers{tiers.replace(',', '')}" if tiers else ""
-    rd = run_dir or Path("runs") / "eval" / f"{name}-{split}{tag}-n{n}-k{k}-shots{shots}"
-    summary = evaluate(policy, wd, cfg, rd, progress=not as_json, dtype=dtype)
+    where = split if tasks is None else tasks.stem
+    rd = run_dir or Path("runs") / "eval" / f"{name}-{where}{tag}-n{n}-k{k}-shots{shots}"
+    summary = evaluate(
+        policy,
+        wd,
+        cfg,
+        rd,
+        tasks_file=tasks,
+        tokenizer=tokenizer,
+        progress=not as_json,
+        dtype=dtype,
+    )
     if as_json:
         typer.echo(json.dumps(summary))
         return
     typer.echo(json.dumps(summary, indent=2))
+
+
+def index_cmd(
+    docs: Annotated[
+        Path,
+        typer.Argument(
+            help="Documents, one JSON object per line: {id?, title?, text} or FlashRAG's "
+            "{id, contents}."
+        ),
+    ],
+    out: Annotated[
+        Path | None, typer.Option(help="Index file to write (default: DOCS with .sqlite).")
+    ] = None,
+    passage_words: Annotated[
+        int, typer.Option(help="Passages are cut to at most this many words.")
+    ] = 128,
+    as_json: Annotated[bool, typer.Option("--json", help="Print the summary as JSON.")] = False,
+) -> None:
+    """Index your own document collection for search (SQLite FTS5 BM25, like the world's)."""
+    from provrl.env.collection import index_collection
+
+    summary = index_collection(docs, out, passage_words=passage_words, progress=not as_json)
+    if as_json:
+        typer.echo(json.dumps(summary))
+        return
+    typer.echo(
+        f"index: {summary['index']} ({summary['docs']} documents, {summary['passages']} "
+        f"passages)\n  use it: provrl eval --tasks TASKS.jsonl --index {summary['index']}\n"
+        f"  or serve it: provrl serve-search --index {summary['index']}"
+    )
 
 
 def bench_search(

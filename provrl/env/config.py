@@ -78,7 +78,14 @@ class SearchConfig(Section):
         "sqlite", description="sqlite: embedded FTS5 BM25 index; http: a /retrieve service."
     )
     url: str = Field(
-        "http://127.0.0.1:8765", description="Base URL of the /retrieve service (backend=http)."
+        "http://127.0.0.1:8765",
+        description="URL of the /retrieve service (backend=http), with or without the "
+        "trailing /retrieve.",
+    )
+    index: str = Field(
+        "",
+        description="backend=sqlite: an index file built by `provrl index docs.jsonl` (a "
+        "user's own collection); '' = the built-in world's index.",
     )
     k: int = Field(3, ge=1, le=50, description="Search results shown to the agent per query.")
     title_weight: float = Field(

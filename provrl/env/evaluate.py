@@ -121,13 +121,18 @@ def summarize_run(run_dir: str | os.PathLike[str]) -> dict[str, Any]:
     """Recompute a finished run's summary from its ``trajectories.jsonl`` (e.g. after adding
     a statistic); the settings come from its ``eval.json``."""
     from provrl.env.build import load_split
+    from provrl.env.tasks import read_task_file
     from provrl.trajlog import read_all
 
     run = Path(run_dir)
     old = json.loads((run / "eval.json").read_text())
     trajs = read_all(run / "trajectories.jsonl")
     ids = {t.task_id for t in trajs}
-    tasks = [t for t in load_split(old["world"], old["split"]) if t.task_id in ids]
+    if old.get("tasks_file"):
+        pool = read_task_file(old["tasks_file"], old["split"])
+    else:
+        pool = load_split(old["world"], old["split"])
+    tasks = [t for t in pool if t.task_id in ids]
     if old["policy"] == "oracle":
         trajs = [t for t in trajs for _ in range(old["k"])]
     keep = {k: v for k, v in old.items() if k not in ("per_tier",) and not k.startswith("pass@")}
@@ -136,32 +141,58 @@ def summarize_run(run_dir: str | os.PathLike[str]) -> dict[str, Any]:
 
 def evaluate(
     policy: str,
-    world_dir: str | os.PathLike[str],
+    world_dir: str | os.PathLike[str] | None,
     cfg: EnvConfig,
     run_dir: str | os.PathLike[str],
     *,
+    tasks_file: str | os.PathLike[str] | None = None,
+    tokenizer: str = "smollm2-135m",
     engine_cfg: Any = None,
     progress: bool = True,
     dtype: str = "float32",
 ) -> dict[str, Any]:
-    """Evaluate ``policy`` (``oracle``, a model name or a checkpoint dir) on a split."""
+    """Evaluate ``policy`` (``oracle``, a model name or a checkpoint dir) on a split of the
+    world, or on the tasks of ``tasks_file`` (provrl task records or plain QA records,
+    :func:`provrl.env.tasks.read_task_file`) with whatever search backend ``cfg.search``
+    names. The oracle's traces are tokenized with ``tokenizer`` (a model name or dir: the
+    policy they are meant to teach)."""
     from provrl.env.agent import AgentEnv, oracle_trajectory, tools_identity
     from provrl.env.build import load_split
     from provrl.env.oracle import run_oracle
+    from provrl.env.tasks import PLAIN_KIND, read_task_file
+    from provrl.models import policy_identity
     from provrl.report.metrics import MetricsWriter
     from provrl.trajlog import TrajectoryWriter
 
     ev, a = cfg.eval, cfg.agent
     run = Path(run_dir)
     run.mkdir(parents=True, exist_ok=True)
-    candidates = [t for t in load_split(world_dir, ev.split) if not ev.tiers or t.tier in ev.tiers]
+    if tasks_file is not None:
+        source: Any = tasks_file
+        pool = read_task_file(tasks_file, ev.split)
+    elif world_dir is not None:
+        source = world_dir
+        pool = load_split(world_dir, ev.split)
+    else:
+        raise ValueError("evaluate: give a world directory or a task file")
+    candidates = [t for t in pool if not ev.tiers or t.tier in ev.tiers]
     tasks = select_tasks(candidates, ev.n, ev.seed)
     if not tasks:
-        raise ValueError(f"{world_dir}: split {ev.split!r} has no tasks")
+        raise ValueError(f"{source}: split {ev.split!r} has no tasks")
+    if policy == "oracle" and any(t.kind == PLAIN_KIND for t in tasks):
+        raise ValueError(
+            f"{source}: --policy oracle needs provrl world tasks (with an oracle plan); "
+            "plain question/answer records have none"
+        )
     backend = search_backend(world_dir, cfg)
     tools = tools_identity(backend, cfg.search, a)
     shots: list[list[Message]] = []
     if a.shots:
+        if world_dir is None or cfg.search.backend != "sqlite" or cfg.search.index:
+            raise ValueError(
+                f"shots={a.shots}: worked examples are oracle dialogues on the built-in world's "
+                "train tasks and its index; use shots=0 with your own tasks or search backend"
+            )
         shots = worked_examples(
             load_split(world_dir, "train"), a.shots, backend, cfg, {t.answer_entity for t in tasks}
         )
@@ -169,11 +200,11 @@ def evaluate(
     trajs: list[Trajectory] = []
     log = run / "trajectories.jsonl"
     if policy == "oracle":
-        from provrl.models import load_tokenizer
+        from provrl.models import load_tokenizer, tokenizer_identity
 
         log.unlink(missing_ok=True)  # deterministic and instant: always redone whole
         bar = _progress(len(tasks), policy, progress)
-        tok = load_tokenizer("smollm2-135m")
+        tok = load_tokenizer(tokenizer)
         with TrajectoryWriter(log) as writer:
             for t in tasks:
                 r = run_oracle(t, backend, cfg.search.k, a.protocol)
@@ -184,7 +215,9 @@ def evaluate(
                 trajs.extend([tr] * ev.k)
                 bar.update(1)
         bar.close()
-        policy_id = Identity("oracle", "oracle-v1", {"deterministic": True})
+        policy_id = Identity(
+            "oracle", "oracle-v1", {"deterministic": True, "tokenizer": tokenizer_identity(tok)}
+        )
     else:
         from provrl.engine import EngineConfig, LocalEngine
         from provrl.models import load_model
@@ -200,7 +233,7 @@ def evaluate(
             seed=ev.seed,
             dtype=dtype,
         )
-        policy_id = Identity(lm.name, lm.fingerprint, {"dtype": dtype})
+        policy_id = policy_identity(lm, dtype=dtype)
         foreign = [
             t
             for t in done
@@ -235,7 +268,13 @@ def evaluate(
         "policy": policy,
         "policy_fingerprint": policy_id.fingerprint,
         "tools_fingerprint": tools.fingerprint,
-        "world": str(world_dir),
+        "world": str(world_dir) if world_dir is not None else None,
+        "tasks_file": str(tasks_file) if tasks_file is not None else None,
+        "search": {
+            "backend": backend.name,
+            "url": cfg.search.url if cfg.search.backend == "http" else None,
+            "index": cfg.search.index or None,
+        },
         "split": ev.split,
         "tiers": list(ev.tiers),
         "n": len(tasks),
@@ -262,19 +301,31 @@ def evaluate(
     return summary
 
 
-def search_backend(world_dir: str | os.PathLike[str], cfg: EnvConfig) -> Any:
-    """The search tool ``cfg.search`` describes: the world's SQLite BM25 index (or the HTTP
-    client), wrapped in the simulated latency when ``cfg.search.latency`` asks for it."""
+def search_backend(world_dir: str | os.PathLike[str] | None, cfg: EnvConfig) -> Any:
+    """The search tool ``cfg.search`` describes: the world's SQLite BM25 index, an index
+    file of the user's own collection (``search.index``, built by ``provrl index``) or the
+    HTTP client of a ``/retrieve`` service (``search.url``, with or without the trailing
+    ``/retrieve``), wrapped in the simulated latency when ``cfg.search.latency`` asks."""
     backend: Any
     if cfg.search.backend == "http":
         from provrl.env.http_search import HttpSearch
 
-        backend = HttpSearch(cfg.search.url, cfg.agent.tool_timeout_s)
+        url = cfg.search.url.rstrip("/").removesuffix("/retrieve")
+        backend = HttpSearch(url, cfg.agent.tool_timeout_s)
     else:
         from provrl.env.sqlite_index import SqliteSearch, cached_index
 
+        if cfg.search.index:
+            index: Path = Path(cfg.search.index)
+        elif world_dir is not None:
+            index = cached_index(world_dir)
+        else:
+            raise ValueError(
+                "search: no index — give search.index (a `provrl index` file), a world "
+                "directory, or backend=http with search.url"
+            )
         backend = SqliteSearch(
-            cached_index(world_dir),
+            index,
             title_weight=cfg.search.title_weight,
             snippet_words=cfg.search.snippet_words,
             open_words=cfg.search.open_words,

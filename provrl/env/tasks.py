@@ -20,6 +20,10 @@ One task per line in ``tasks/{split}.jsonl``::
      "oracle": [{"query": "Orlan Vesk", "passage": "d0000123#0", "reveals": "Halvex Institute"},
                 {"query": "Halvex Institute", "passage": "d0000456#0", "reveals": "Dunmere"}]}
 
+Plain question/answer records ``{"question": ..., "answer": "..." | [...], "id": ...}`` (a
+user's own data) are read by :func:`read_task_file` as tier-0 tasks of kind ``plain``
+without an oracle plan (docs/data.md).
+
 The split of a task is a hash of ``answer_entity`` (the entity the answer names, or for a
 number, the entity it is about), so train / dev / test never share an answer entity.
 Answers never occur in their question (checked at generation, tested).
@@ -167,6 +171,86 @@ def load_tasks(path: str | os.PathLike[str]) -> list[Task]:
                 )
             seen[t.task_id] = lineno
             tasks.append(t)
+    return tasks
+
+
+# ----------------------------------------------------------------------------- plain QA
+PLAIN_KIND = "plain"
+"""``Task.kind`` of a task read from a plain question/answer record (tier 0, no oracle)."""
+PLAIN_ANSWER_KEYS = ("answer", "answers", "golden_answers")
+"""Where a plain record may keep its answer(s): provrl's ``answer``, or the ``answers`` /
+``golden_answers`` lists of QA datasets as Search-R1 and FlashRAG ship them."""
+
+
+def plain_task_from_json(d: Any, where: str, lineno: int, split: str) -> Task:
+    """A task from a plain record ``{"question": str, "answer": str | [str, ...], "id"?}``:
+    the first answer is the reference, the rest are aliases (exact match accepts any).
+    Other fields are ignored; errors name ``where`` and the field."""
+    if not isinstance(d, dict):
+        raise TaskFileError(f"{where}: expected a JSON object, got {type(d).__name__}")
+    q = d.get("question")
+    if not isinstance(q, str) or not q.strip():
+        got = "missing" if q is None else f"{type(q).__name__} {q!r}"[:80]
+        raise TaskFileError(f"{where}: field 'question' must be a non-empty string, got {got}")
+    key = next((k for k in PLAIN_ANSWER_KEYS if k in d), None)
+    if key is None:
+        raise TaskFileError(
+            f"{where}: field 'answer' is missing (a string or a list of strings; "
+            f"'answers' and 'golden_answers' are read too)"
+        )
+    raw = d[key]
+    answers = [raw] if isinstance(raw, str) else raw
+    if (
+        not isinstance(answers, list)
+        or not answers
+        or not all(isinstance(a, str) and a.strip() for a in answers)
+    ):
+        raise TaskFileError(
+            f"{where}: field {key!r} must be a non-empty string or a non-empty list of "
+            f"non-empty strings, got {str(raw)[:80]!r}"
+        )
+    tid = d.get("id", d.get("task_id", f"q{lineno:06d}"))
+    if not isinstance(tid, str | int) or isinstance(tid, bool):
+        raise TaskFileError(f"{where}: field 'id' must be a string or an integer, got {tid!r}")
+    return Task(
+        task_id=str(tid),
+        split=split,
+        tier=0,
+        kind=PLAIN_KIND,
+        question=q.strip(),
+        answer=answers[0],
+        aliases=list(answers[1:]),
+        answer_entity="",
+        evidence=[],
+        min_searches=0,
+    )
+
+
+def read_task_file(path: str | os.PathLike[str], split: str = "test") -> list[Task]:
+    """Tasks from a JSONL file in either format, decided per file by its first record:
+    provrl's own task records (``task_id``, ``tier``, ``oracle``, …: :func:`load_tasks`) or
+    plain QA records (:func:`plain_task_from_json`, given ``split``). Blank lines are
+    skipped; a malformed line raises :class:`TaskFileError` naming file, line and field;
+    repeated ids are refused."""
+    from provrl.env.jsonl import iter_records
+
+    p = Path(path)
+    records = list(iter_records(p, TaskFileError, "task file"))
+    if not records:
+        raise TaskFileError(f"{p}: no tasks (the file is empty)")
+    first = records[0][1]
+    if isinstance(first, dict) and "oracle" in first and "task_id" in first:
+        return load_tasks(p)
+    tasks: list[Task] = []
+    seen: dict[str, int] = {}
+    for lineno, d in records:
+        t = plain_task_from_json(d, f"{p}:{lineno}", lineno, split)
+        if t.task_id in seen:
+            raise TaskFileError(
+                f"{p}:{lineno}: field 'id' {t.task_id!r} repeats line {seen[t.task_id]}"
+            )
+        seen[t.task_id] = lineno
+        tasks.append(t)
     return tasks
 
 

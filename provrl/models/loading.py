@@ -19,6 +19,7 @@ Names:
 from __future__ import annotations
 
 import contextlib
+import functools
 import hashlib
 import importlib.util
 import json
@@ -69,7 +70,7 @@ class LoadedModel:
     path: Path | None
     fingerprint: str
 
-    @property
+    @functools.cached_property
     def tokenizer_identity(self) -> dict[str, str]:
         """``{"name", "sha256"}`` of the tokenizer (:func:`tokenizer_identity`)."""
         return tokenizer_identity(self.tokenizer)
@@ -193,6 +194,15 @@ def tokenizer_identity(tokenizer: Any) -> dict[str, str]:
     h.update(str(getattr(tokenizer, "chat_template", "") or "").encode())
     name = Path(str(getattr(tokenizer, "name_or_path", "") or "unknown")).name
     return {"name": name, "sha256": "sha256:" + h.hexdigest()}
+
+
+def policy_identity(lm: LoadedModel, **config: Any) -> Any:
+    """The :class:`~provrl.provenance.Identity` a trajectory records for policy ``lm``: its
+    name, the weights' fingerprint and ``config`` plus the tokenizer's identity (so logs
+    from another tokenizer are refused by SFT and RL instead of trained on as wrong ids)."""
+    from provrl.provenance import Identity
+
+    return Identity(lm.name, lm.fingerprint, {**config, "tokenizer": lm.tokenizer_identity})
 
 
 def tiny_config(vocab_size: int, bos: int, eos: int, pad: int, family: str = "llama") -> Any:
