@@ -12,11 +12,13 @@ from typing import Annotated, Any
 import typer
 
 from provrl.env.config import AgentConfig, EnvConfig, EvalConfig, SearchConfig, WorldConfig
+from provrl.env.search import RetrieveLimits
 
 _W = WorldConfig()
 _A = AgentConfig()
 _S = SearchConfig()
 _E = EvalConfig()
+_L = RetrieveLimits()
 
 
 def _world_cfg(seed: int, entities: int | None, docs: int, tasks: int) -> WorldConfig:
@@ -81,6 +83,19 @@ def serve_search(
     ] = "127.0.0.1",
     port: Annotated[int, typer.Option(help="TCP port.")] = 8765,
     k: Annotated[int, typer.Option(help="Default topk when a request has none.")] = _S.k,
+    max_topk: Annotated[
+        int, typer.Option(help="Largest topk a request may ask for.")
+    ] = _L.max_topk,
+    max_queries: Annotated[int, typer.Option(help="Most queries in one request.")] = _L.max_queries,
+    max_query_chars: Annotated[
+        int, typer.Option(help="Longest query (characters); longer ones get 422.")
+    ] = _L.max_query_chars,
+    max_body_bytes: Annotated[
+        int, typer.Option(help="Largest request body (bytes); larger ones get 413.")
+    ] = _L.max_body_bytes,
+    time_budget: Annotated[
+        float, typer.Option(help="Seconds one request may run before it stops (503).")
+    ] = _L.time_budget_s,
     title_weight: Annotated[
         float, typer.Option(help="BM25 weight of the title column.")
     ] = _S.title_weight,
@@ -114,7 +129,14 @@ def serve_search(
             ),
         )
     typer.echo(f"serving {served} on http://{host}:{port}/retrieve (Ctrl-C to stop)", err=True)
-    serve(backend, host=host, port=port, topk=k)
+    limits = RetrieveLimits(
+        max_topk=max_topk,
+        max_queries=max_queries,
+        max_query_chars=max_query_chars,
+        max_body_bytes=max_body_bytes,
+        time_budget_s=time_budget,
+    )
+    serve(backend, host=host, port=port, topk=k, limits=limits)
 
 
 def eval_cmd(

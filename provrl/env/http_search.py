@@ -12,41 +12,114 @@ Protocol (as in Search-R1's ``retrieval_server.py``)::
 A document's ``contents`` is ``"<title>"\\n<text>`` (the FlashRAG corpus convention); this
 service also sends ``doc_id``, ``title`` and ``text`` separately. provrl extensions:
 ``GET /documents/{doc_id}`` (the ``open`` tool) and ``GET /health``.
+
+**Bounds** (:class:`RetrieveLimits`, each a ``provrl serve-search`` option): a body over
+``max_body_bytes`` is refused with 413 before it is read whole; more than ``max_queries``
+queries, ``topk`` over ``max_topk``, ``queries × topk`` over ``max_results`` or a query over
+``max_query_chars`` characters get 422 naming the field; the backend's own bounds (terms
+per query, time budget per query: :class:`~provrl.env.search.QueryError`) answer 422
+naming ``queries[i]``; a request still running after ``time_budget_s`` stops with 503.
+Every refusal is one JSON ``detail`` line, and no request holds a worker past its budget.
 """
 
 from __future__ import annotations
 
+import time
 from typing import Any
+from urllib.parse import quote
 
 import httpx
 from pydantic import BaseModel, Field
 
-from provrl.env.search import Hit, SearchBackend, SearchError
-
-MAX_QUERIES = 256
-MAX_TOPK = 100
+from provrl.env.search import Hit, QueryError, RetrieveLimits, SearchBackend, SearchError
 
 
 class RetrieveRequest(BaseModel):
-    """Body of ``POST /retrieve``."""
+    """Body of ``POST /retrieve`` (its bounds are checked against :class:`RetrieveLimits`)."""
 
-    queries: list[str] = Field(..., max_length=MAX_QUERIES, description="Query strings.")
-    topk: int | None = Field(None, ge=1, le=MAX_TOPK, description="Results per query.")
+    queries: list[str] = Field(..., description="Query strings.")
+    topk: int | None = Field(None, ge=1, description="Results per query.")
     return_scores: bool = Field(False, description="Wrap each document with its score.")
 
 
-def make_app(backend: SearchBackend, default_topk: int = 3) -> Any:
-    """The FastAPI application serving ``backend``."""
+class BodyLimit:
+    """ASGI middleware: 413 for a request body over ``max_bytes`` — from its
+    Content-Length before reading anything, or while a chunked body streams in."""
+
+    def __init__(self, app: Any, max_bytes: int) -> None:
+        self.app, self.max_bytes = app, max_bytes
+
+    async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        from starlette.exceptions import HTTPException
+        from starlette.responses import JSONResponse
+
+        reason = f"request body larger than {self.max_bytes} bytes"
+        too_big = JSONResponse({"detail": reason}, status_code=413)
+        length = dict(scope.get("headers", [])).get(b"content-length")
+        if length is not None and (not length.isdigit() or int(length) > self.max_bytes):
+            await too_big(scope, receive, send)
+            return
+        seen = 0
+
+        async def bounded() -> Any:
+            nonlocal seen
+            message = await receive()
+            seen += len(message.get("body", b""))
+            if seen > self.max_bytes:
+                raise HTTPException(413, reason)
+            return message
+
+        await self.app(scope, bounded, send)
+
+
+def make_app(
+    backend: SearchBackend, default_topk: int = 3, limits: RetrieveLimits | None = None
+) -> Any:
+    """The FastAPI application serving ``backend`` within ``limits``."""
     from fastapi import FastAPI, HTTPException
 
+    lim = limits or RetrieveLimits()
     app = FastAPI(title="provrl search", version="1")
+    app.add_middleware(BodyLimit, max_bytes=lim.max_body_bytes)
+
+    def check(req: RetrieveRequest, k: int) -> None:
+        n = len(req.queries)
+        if n > lim.max_queries:
+            raise HTTPException(422, f"queries: {n} queries; this server takes {lim.max_queries}")
+        if k > lim.max_topk:
+            raise HTTPException(422, f"topk: {k}; this server's max_topk is {lim.max_topk}")
+        if n * k > lim.max_results:
+            raise HTTPException(
+                422, f"queries × topk = {n * k} results; this server returns {lim.max_results}"
+            )
+        for i, q in enumerate(req.queries):
+            if len(q) > lim.max_query_chars:
+                raise HTTPException(
+                    422, f"queries[{i}]: {len(q)} characters; at most {lim.max_query_chars}"
+                )
 
     @app.post("/retrieve")
     def retrieve(req: RetrieveRequest) -> dict[str, Any]:
         k = req.topk or default_topk
+        check(req, k)
+        deadline = time.monotonic() + lim.time_budget_s
         result: list[list[dict[str, Any]]] = []
-        for q in req.queries:
-            hits = backend.search(q, k)
+        for i, q in enumerate(req.queries):
+            if time.monotonic() > deadline:
+                raise HTTPException(
+                    503,
+                    f"request exceeded its time budget of {lim.time_budget_s:g} s after "
+                    f"{i} of {len(req.queries)} queries",
+                )
+            try:
+                hits = backend.search(q, k)
+            except QueryError as e:
+                raise HTTPException(422, f"queries[{i}]: {e}") from None
+            except SearchError as e:
+                raise HTTPException(503, str(e)) from None
             docs = [
                 {
                     "id": h.passage_id,
@@ -65,7 +138,7 @@ def make_app(backend: SearchBackend, default_topk: int = 3) -> Any:
                 result.append(docs)
         return {"result": result}
 
-    @app.get("/documents/{doc_id}")
+    @app.get("/documents/{doc_id:path}")
     def document(doc_id: str) -> dict[str, Any]:
         text = backend.open(doc_id)
         if text is None:
@@ -79,11 +152,17 @@ def make_app(backend: SearchBackend, default_topk: int = 3) -> Any:
     return app
 
 
-def serve(backend: SearchBackend, host: str = "127.0.0.1", port: int = 8765, topk: int = 3) -> None:
+def serve(
+    backend: SearchBackend,
+    host: str = "127.0.0.1",
+    port: int = 8765,
+    topk: int = 3,
+    limits: RetrieveLimits | None = None,
+) -> None:
     """Run the service in the foreground (``provrl serve-search``)."""
     import uvicorn
 
-    uvicorn.run(make_app(backend, topk), host=host, port=port, log_level="warning")
+    uvicorn.run(make_app(backend, topk, limits), host=host, port=port, log_level="warning")
 
 
 def _hit_from_document(doc: dict[str, Any], score: float) -> Hit:
@@ -96,6 +175,15 @@ def _hit_from_document(doc: dict[str, Any], score: float) -> Hit:
         first, _, rest = contents.partition("\n")
         title, text = first.strip().strip('"'), rest.strip()
     return Hit(doc_id, str(title), str(text), float(score), int(para) if para.isdigit() else 0)
+
+
+def _detail(r: httpx.Response) -> str:
+    """The server's one-line reason (FastAPI's ``detail``), else the start of the body."""
+    try:
+        d = r.json().get("detail", "")
+    except (ValueError, AttributeError):
+        d = r.text
+    return " ".join(str(d).split())[:300]
 
 
 class HttpSearch:
@@ -114,12 +202,18 @@ class HttpSearch:
                 f"{self.url}/retrieve",
                 json={"queries": [query], "topk": k, "return_scores": True},
             )
-            r.raise_for_status()
-            items = r.json()["result"][0]
         except httpx.TimeoutException as e:
             raise TimeoutError(f"{self.url}/retrieve timed out") from e
-        except (httpx.HTTPError, KeyError, IndexError, TypeError, ValueError) as e:
+        except httpx.HTTPError as e:
             raise SearchError(f"{self.url}/retrieve failed: {e}") from e
+        if r.status_code in (413, 422):  # the query is out of the server's bounds
+            raise QueryError(f"{self.url}/retrieve refused the query: {_detail(r)}")
+        if r.status_code >= 400:
+            raise SearchError(f"{self.url}/retrieve: HTTP {r.status_code}: {_detail(r)}")
+        try:
+            items = r.json()["result"][0]
+        except (KeyError, IndexError, TypeError, ValueError) as e:
+            raise SearchError(f"{self.url}/retrieve: unexpected response ({e!r})") from e
         hits = []
         for it in items:
             if isinstance(it, dict) and "document" in it:
@@ -130,7 +224,7 @@ class HttpSearch:
 
     def open(self, doc_id: str) -> str | None:
         try:
-            r = self._client.get(f"{self.url}/documents/{doc_id.strip()}")
+            r = self._client.get(f"{self.url}/documents/{quote(doc_id.strip(), safe='')}")
         except httpx.TimeoutException as e:
             raise TimeoutError(f"{self.url}/documents timed out") from e
         except httpx.HTTPError as e:

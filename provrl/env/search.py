@@ -6,6 +6,12 @@
 Backends: :mod:`provrl.env.sqlite_index` (embedded SQLite FTS5 BM25, the default),
 :mod:`provrl.env.http_search` (a client for ``/retrieve`` services) and
 :class:`provrl.env.latency.WithLatency` (adds simulated network latency to any backend).
+
+A query is untrusted input (a model wrote it, or an HTTP client sent it), so it is bounded
+before any index work: at most :data:`MAX_QUERY_CHARS` characters and
+:data:`MAX_QUERY_TERMS` distinct terms (BM25 work grows with the terms; 4,096 common terms
+took 2 s, 128k terms longer). A query out of bounds raises :class:`QueryError`, which the
+agent shows the model as a failed call and the HTTP service answers with 422.
 """
 
 from __future__ import annotations
@@ -13,6 +19,10 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 from typing import Protocol, runtime_checkable
+
+from pydantic import Field
+
+from provrl.config import Section
 
 # Function words dropped from queries (documents keep them). Matches the spirit of the
 # Lucene / bm25s English stop lists; small on purpose.
@@ -65,6 +75,10 @@ STOPWORDS = frozenset(
     ]
 )
 _WORD = re.compile(r"\w+", re.UNICODE)
+MAX_QUERY_CHARS = 4096
+"""Longest query a backend accepts, in characters."""
+MAX_QUERY_TERMS = 64
+"""Most distinct (non-stopword) terms in one query."""
 
 
 def query_terms(query: str) -> list[str]:
@@ -74,6 +88,37 @@ def query_terms(query: str) -> list[str]:
         if t not in STOPWORDS:
             seen.setdefault(t, None)
     return list(seen)
+
+
+def bounded_query_terms(
+    query: str, max_chars: int = MAX_QUERY_CHARS, max_terms: int = MAX_QUERY_TERMS
+) -> list[str]:
+    """:func:`query_terms` of a query within bounds, else :class:`QueryError` saying which
+    bound it broke (the length is checked before any tokenizing)."""
+    if len(query) > max_chars:
+        raise QueryError(f"query has {len(query)} characters; at most {max_chars} are accepted")
+    terms = query_terms(query)
+    if len(terms) > max_terms:
+        raise QueryError(f"query has {len(terms)} distinct terms; at most {max_terms} are accepted")
+    return terms
+
+
+class RetrieveLimits(Section):
+    """What one ``/retrieve`` request may ask of the server (:mod:`provrl.env.http_search`;
+    each field is a ``provrl serve-search`` option)."""
+
+    max_body_bytes: int = Field(4 << 20, ge=1024, description="Largest request body (bytes).")
+    max_queries: int = Field(4096, ge=1, description="Most queries in one request.")
+    max_topk: int = Field(
+        1000, ge=1, description="Largest topk (Search-R1 configs may ask for more than 100)."
+    )
+    max_results: int = Field(
+        50_000, ge=1, description="Most results one request may ask for (queries × topk)."
+    )
+    max_query_chars: int = Field(MAX_QUERY_CHARS, ge=1, description="Longest query (characters).")
+    time_budget_s: float = Field(
+        30.0, gt=0, description="Wall-clock budget of one request; past it the request stops (503)."
+    )
 
 
 @dataclass(frozen=True)
@@ -94,6 +139,11 @@ class Hit:
 
 class SearchError(RuntimeError):
     """The backend could not answer (service down, bad response, closed index)."""
+
+
+class QueryError(SearchError):
+    """The query itself is out of bounds: too long, too many terms, or over its time
+    budget. The caller's input is at fault, not the backend (HTTP 422)."""
 
 
 @runtime_checkable

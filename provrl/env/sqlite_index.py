@@ -32,6 +32,13 @@ The index is built once per corpus and cached on disk next to it as
 ``index-<key>.sqlite`` (the key hashes the corpus sha256, tokenizer and schema); it is
 written to a temporary file and renamed, so a crash never leaves a half-built index under
 the final name. Connections are per thread and read-only.
+
+**Bounded work per query.** A query is cut off before index work if it is longer than
+``max_query_chars`` or has more than ``max_terms`` distinct terms
+(:func:`provrl.env.search.bounded_query_terms`), and SQLite aborts any statement still
+running after ``time_budget_s`` (a progress handler checks the per-thread deadline every
+few thousand VM steps); each raises :class:`~provrl.env.search.QueryError`, so no query can
+pin a core after its client is gone.
 """
 
 from __future__ import annotations
@@ -42,12 +49,21 @@ import os
 import re
 import sqlite3
 import threading
+import time
 from collections.abc import Iterable
 from pathlib import Path
 
 import orjson
 
-from provrl.env.search import Hit, SearchError, query_terms, truncate_words
+from provrl.env.search import (
+    MAX_QUERY_CHARS,
+    MAX_QUERY_TERMS,
+    Hit,
+    QueryError,
+    SearchError,
+    bounded_query_terms,
+    truncate_words,
+)
 from provrl.env.world import Document, iter_corpus, read_world_info
 
 SCHEMA_VERSION = 3
@@ -56,6 +72,10 @@ COMMON_DF = 1000
 """Terms in more passages than this are *common*: scored in Python on candidates."""
 COMMON_TOP = 1024
 """Length of the cached BM25 ranking over a query's common terms alone."""
+QUERY_TIME_BUDGET_S = 2.0
+"""Default wall-clock budget of one query's SQL (typical queries take milliseconds)."""
+_PROGRESS_STEPS = 4000
+"""SQLite VM instructions between two deadline checks (~0.1 ms)."""
 _TOKEN = re.compile(r"[^\W_]+")
 TOKENIZER = "unicode61 remove_diacritics 2"
 
@@ -192,12 +212,17 @@ class SqliteSearch:
         body_weight: float = 1.0,
         snippet_words: int = 48,
         open_words: int = 160,
+        max_query_chars: int = MAX_QUERY_CHARS,
+        max_terms: int = MAX_QUERY_TERMS,
+        time_budget_s: float = QUERY_TIME_BUDGET_S,
     ) -> None:
         self.path = Path(path)
         if not self.path.is_file():
             raise SearchError(f"{self.path}: no such index")
         self.title_weight, self.body_weight = float(title_weight), float(body_weight)
         self.snippet_words, self.open_words = snippet_words, open_words
+        self.max_query_chars, self.max_terms = max_query_chars, max_terms
+        self.time_budget_s = float(time_budget_s)
         self._local = threading.local()
         self._all: list[sqlite3.Connection] = []
         self._lock = threading.Lock()
@@ -227,10 +252,21 @@ class SqliteSearch:
         if con is None:
             con = sqlite3.connect(f"file:{self.path}?mode=ro", uri=True, check_same_thread=False)
             con.execute("PRAGMA cache_size = -65536")
+            con.set_progress_handler(self._over_budget, _PROGRESS_STEPS)
             self._local.con = con
             with self._lock:
                 self._all.append(con)
         return con
+
+    def _over_budget(self) -> int:
+        """SQLite progress handler: nonzero aborts the running statement (this thread's)."""
+        deadline = getattr(self._local, "deadline", None)
+        return int(deadline is not None and time.monotonic() > deadline)
+
+    def _check_budget(self) -> None:
+        deadline = getattr(self._local, "deadline", None)
+        if deadline is not None and time.monotonic() > deadline:
+            raise QueryError(f"query exceeded its time budget of {self.time_budget_s:g} s")
 
     def fingerprint(self) -> str:
         return f"sqlite:{self.corpus_sha256[:16]}:tw{self.title_weight:g}:bw{self.body_weight:g}"
@@ -250,7 +286,8 @@ class SqliteSearch:
                 .fetchall()
             )
         except sqlite3.Error as e:
-            raise SearchError(f"{self.path}: query {terms!r} failed ({e})") from e
+            self._check_budget()  # "interrupted" by the progress handler: over budget
+            raise SearchError(f"{self.path}: query {terms[:8]!r} failed ({e})") from e
         return [(r, t, b, -float(s)) for r, t, b, s in rows]
 
     def _common_part(
@@ -298,8 +335,10 @@ class SqliteSearch:
         return hit
 
     def ranked(self, query: str, k: int) -> list[tuple[int, str, str, float]]:
-        """Exact BM25 top-k rows (rowid, title, body, score); see the module docstring."""
-        terms = query_terms(query)
+        """Exact BM25 top-k rows (rowid, title, body, score); see the module docstring.
+        Raises :class:`QueryError` for a query out of bounds or over its time budget."""
+        terms = bounded_query_terms(query, self.max_query_chars, self.max_terms)
+        self._check_budget()
         if not terms or k <= 0:
             return []
         common = [t for t in terms if t in self.common]
@@ -315,6 +354,7 @@ class SqliteSearch:
         b_max = (K1 + 1) * sum(self.idf(self.common[t]) for t in common)
         size = max(64, 4 * k)
         while size <= 4096:
+            self._check_budget()
             rows = self._fts(rare, size)
             cut = len(rows) == size
             full = {
@@ -367,7 +407,11 @@ class SqliteSearch:
         return [(rid, *text[rid], sc) for rid, sc in scored]
 
     def search(self, query: str, k: int) -> list[Hit]:
-        rows = self.ranked(query, k)
+        self._local.deadline = time.monotonic() + self.time_budget_s
+        try:
+            rows = self.ranked(query, k)
+        finally:
+            self._local.deadline = None
         if not rows:
             return []
         con = self._con()

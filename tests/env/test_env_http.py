@@ -11,19 +11,16 @@ import pytest
 import uvicorn
 
 from provrl.env.config import LatencyConfig
-from provrl.env.http_search import HttpSearch, make_app
+from provrl.env.http_search import HttpSearch, RetrieveLimits, make_app
 from provrl.env.latency import LatencyModel, WithLatency
 
 
-@pytest.fixture(scope="module")
-def server(small_search):
+def _serve(app):
+    """Run ``app`` under a real uvicorn on a free local port; yields its URL."""
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
-    config = uvicorn.Config(
-        make_app(small_search, 3), host="127.0.0.1", port=port, log_level="error"
-    )
-    srv = uvicorn.Server(config)
+    srv = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="error"))
     th = threading.Thread(target=srv.run, daemon=True)
     th.start()
     url = f"http://127.0.0.1:{port}"
@@ -36,6 +33,11 @@ def server(small_search):
     yield url
     srv.should_exit = True
     th.join(timeout=5)
+
+
+@pytest.fixture(scope="module")
+def server(small_search):
+    yield from _serve(make_app(small_search, 3))
 
 
 def test_retrieve_protocol(server, small_search):
@@ -115,3 +117,97 @@ def test_latency_model_quantiles_and_timeout(small_search):
         timeout_s=1,
     )
     assert fast.search("born", 3) == small_search.search("born", 3)
+
+
+# ----------------------------------------------------------------------------- hardening
+LIMITS = RetrieveLimits(
+    max_body_bytes=64 << 10, max_queries=8, max_topk=200, max_results=400, max_query_chars=512
+)
+
+
+@pytest.fixture(scope="module")
+def bounded(small_search):
+    yield from _serve(make_app(small_search, 3, LIMITS))
+
+
+def _post(url, body, **kw):
+    t0 = time.perf_counter()
+    r = httpx.post(f"{url}/retrieve", timeout=30, **({"json": body} if body is not None else kw))
+    return r, time.perf_counter() - t0
+
+
+def test_hostile_retrieve_bodies_fail_fast_with_one_line(bounded):
+    """Each used to pin a worker (an 8.9 MB query never returned and grew RSS 96 → 694 MB)
+    or was refused for being legitimate (topk > 100)."""
+    many_terms = " ".join(f"w{i}" for i in range(100))  # 100 terms in ~400 characters
+    cases = {
+        "8.9 MB query": ({"queries": ["a " * (4_450_000)]}, 413, "request body larger"),
+        "query over max_query_chars": ({"queries": ["x" * 600]}, 422, "queries[0]: 600 char"),
+        "too many terms": ({"queries": ["born", many_terms]}, 422, "queries[1]: query has 100"),
+        "too many queries": ({"queries": ["born"] * 9}, 422, "queries: 9 queries"),
+        "topk over max_topk": ({"queries": ["x"], "topk": 10**9}, 422, "topk: 1000000000"),
+        "queries x topk": ({"queries": ["x"] * 4, "topk": 150}, 422, "queries × topk = 600"),
+        "not a list": ({"queries": "born"}, 422, ""),
+        "not strings": ({"queries": [{"$gt": 1}]}, 422, ""),
+        "negative topk": ({"queries": ["x"], "topk": -1}, 422, ""),
+    }
+    for name, (body, status, detail) in cases.items():
+        r, dt = _post(bounded, body)
+        assert r.status_code == status, (name, r.status_code, r.text[:200])
+        assert detail in str(r.json()["detail"]), (name, r.json())
+        assert dt < 5, (name, dt)
+    # invalid JSON, deep nesting and a chunked oversize body (no Content-Length)
+    r, _ = _post(bounded, None, content=b"[" * 60_000, headers={"content-type": "application/json"})
+    assert 400 <= r.status_code < 500
+    r, _ = _post(bounded, None, content=b"{not json", headers={"content-type": "application/json"})
+    assert 400 <= r.status_code < 500
+    chunks = (b"x" * 8192 for _ in range(64))  # 512 KiB streamed in chunks
+    r, _ = _post(bounded, None, content=chunks, headers={"content-type": "application/json"})
+    assert r.status_code == 413 and "larger than 65536 bytes" in r.json()["detail"]
+    # a topk over 100 is served (Search-R1 configs use such values); the server still works
+    r, _ = _post(bounded, {"queries": ["born"], "topk": 150})
+    assert r.status_code == 200 and len(r.json()["result"][0]) == 150
+    r, _ = _post(bounded, {"queries": ["Employees of the"], "topk": 3})
+    assert r.status_code == 200 and len(r.json()["result"][0]) == 3
+
+
+def test_request_time_budget_stops_a_slow_request(small_search):
+    slow = WithLatency(
+        small_search, LatencyModel(LatencyConfig(kind="lognormal", median_s=0.05, sigma=0.01))
+    )
+    for url in _serve(make_app(slow, 3, RetrieveLimits(time_budget_s=0.2))):
+        r, dt = _post(url, {"queries": ["born"] * 100})
+        assert r.status_code == 503 and "time budget of 0.2 s after" in r.json()["detail"]
+        assert dt < 2  # 100 queries would take 5 s
+
+
+def test_client_url_encodes_document_ids_and_reports_refusals(bounded, small_search):
+    from provrl.env.search import QueryError
+
+    client = HttpSearch(bounded)
+    hit = small_search.search("born", 1)[0]
+    assert client.open(hit.doc_id) == small_search.open(hit.doc_id)
+    for tricky in ("../health", "a/b", "x?y=1", "d#0", "%2e%2e", " "):
+        assert client.open(tricky) is None  # never another route, never a crash
+    with pytest.raises(QueryError, match="refused the query: queries\\[0\\]: 600 char"):
+        client.search("x" * 600, 3)
+    client.close()
+
+
+def test_backend_bounds_terms_chars_and_time(small_world):
+    from provrl.env.search import MAX_QUERY_TERMS, QueryError
+    from provrl.env.sqlite_index import SqliteSearch, cached_index
+
+    s = SqliteSearch(cached_index(small_world))
+    ok = " ".join(f"w{i}" for i in range(MAX_QUERY_TERMS))
+    assert s.search(ok, 3) == []  # at the bound: served
+    with pytest.raises(QueryError, match="65 distinct terms"):
+        s.search(ok + " w999", 3)
+    with pytest.raises(QueryError, match="characters"):
+        s.search("born " * 1000, 3)
+    tight = SqliteSearch(cached_index(small_world), time_budget_s=1e-9)
+    with pytest.raises(QueryError, match="time budget"):
+        tight.search("people born in the city", 3)
+    assert s.search("born", 2)  # the budget is per instance and per query
+    s.close()
+    tight.close()
