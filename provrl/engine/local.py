@@ -723,7 +723,8 @@ class LocalEngine:
         params = (
             torch.tensor([r.params.temperature for r in rows], dtype=torch.float32),
             torch.tensor([r.params.top_k for r in rows], dtype=torch.int64),
-            torch.tensor([r.params.top_p for r in rows], dtype=torch.float32),
+            # float64, as support_excluded_mass uses: float32(0.9) = 0.89999998 < p
+            torch.tensor([r.params.top_p for r in rows], dtype=torch.float64),
         )
         u = torch.tensor([r.rng.random() for r in rows], dtype=torch.float64)
         self._counters["prefill_tokens"] += sum(n for _, n in chunks)
@@ -857,7 +858,7 @@ class LocalEngine:
                 torch.tensor([a.ids[t] for t in a.positions]),
                 torch.full((k,), a.params.temperature),
                 torch.full((k,), a.params.top_k, dtype=torch.int64),
-                torch.full((k,), a.params.top_p),
+                torch.full((k,), a.params.top_p, dtype=torch.float64),
             ).logprob
             diff = (fresh.double() - torch.tensor(a.recorded, dtype=torch.float64)).abs()
             finite = diff[torch.isfinite(diff)]

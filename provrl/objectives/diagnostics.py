@@ -95,24 +95,50 @@ def effective_sample_size(log_w: torch.Tensor) -> dict[str, float]:
     .. math:: ESS = \\frac{(\\sum_i w_i)^2}{\\sum_i w_i^2}
               = \\exp\\big(2\\,\\mathrm{LSE}(\\log w) - \\mathrm{LSE}(2\\log w)\\big)
 
-    ``ess_frac`` = ESS/N ∈ (0, 1]: 1 when all weights are equal, 1/N when one trajectory
-    carries the whole batch. Also reported: the spread max log w − min log w."""
-    lw = log_w.double()[torch.isfinite(log_w)]
-    if lw.numel() == 0:
-        return {"ess": 0.0, "ess_frac": 0.0, "log_w_mean": 0.0, "log_w_range": 0.0}
-    ess = torch.exp(2 * torch.logsumexp(lw, 0) - torch.logsumexp(2 * lw, 0))
+    ``ess_frac`` = ESS/N ∈ [0, 1]: 1 when all weights are equal, 1/N when one trajectory
+    carries the whole batch. log w = −inf is a weight of exactly 0: it counts in N (and
+    in ``num_w_zero``) and adds nothing to either sum. NaN or +inf log w (an undefined
+    weight) is left out and counted in ``num_w_undefined`` — never silently. Also
+    reported: mean and spread (max − min) of the finite log w."""
+    lw = log_w.double()
+    zero = lw == -torch.inf
+    undefined = torch.isnan(lw) | (lw == torch.inf)
+    fin = lw[~zero & ~undefined]
+    n = int((~undefined).sum())
+    counts = {"num_w_zero": float(zero.sum()), "num_w_undefined": float(undefined.sum())}
+    if fin.numel() == 0:
+        return {"ess": 0.0, "ess_frac": 0.0, "log_w_mean": 0.0, "log_w_range": 0.0, **counts}
+    ess = torch.exp(2 * torch.logsumexp(fin, 0) - torch.logsumexp(2 * fin, 0))
     return {
         "ess": float(ess),
-        "ess_frac": float(ess) / lw.numel(),
-        "log_w_mean": float(lw.mean()),
-        "log_w_range": float(lw.max() - lw.min()),
+        "ess_frac": float(ess) / n,
+        "log_w_mean": float(fin.mean()),
+        "log_w_range": float(fin.max() - fin.min()),
+        **counts,
     }
 
 
+def exact_sequence_log_weight(
+    logp: torch.Tensor, logq: torch.Tensor, mask: torch.Tensor
+) -> torch.Tensor:
+    """log w(τ) per row ``[B]`` with the edges exact: −inf when an action token has
+    π = 0 (log π = −inf, q > 0) — the product is 0 — and NaN when a token's weight is
+    undefined (NaN anywhere, q = 0, or log π = +inf). Otherwise
+    :func:`~provrl.objectives.corrections.sequence_log_weight` over the action tokens."""
+    lp, lq = logp.double(), logq.double()
+    m = _finite(mask, lp, lq)
+    lw = sequence_log_weight(lp, lq, m)
+    zero = (mask & (lp == -torch.inf) & torch.isfinite(lq)).any(-1)
+    undefined = (mask & ~m & ~((lp == -torch.inf) & torch.isfinite(lq))).any(-1)
+    lw = torch.where(zero, -torch.inf, lw)
+    return torch.where(undefined, torch.nan, lw)
+
+
 def trajectory_ess(logp: torch.Tensor, logq: torch.Tensor, mask: torch.Tensor) -> dict[str, float]:
-    """:func:`effective_sample_size` of w(τ) = Π_t π_θ/q_{v_t} for each row of the batch."""
-    m = _finite(mask, logp, logq)
-    return effective_sample_size(sequence_log_weight(logp, logq, m))
+    """:func:`effective_sample_size` of w(τ) = Π_t π_θ/q_{v_t} for each row of the batch
+    (:func:`exact_sequence_log_weight`: a row with a π = 0 token has w = 0, one with an
+    undefined token is counted, not weighted by its other tokens)."""
+    return effective_sample_size(exact_sequence_log_weight(logp, logq, mask))
 
 
 def truncation_stats(kept_mass: torch.Tensor, mask: torch.Tensor) -> dict[str, float]:

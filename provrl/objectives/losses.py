@@ -14,6 +14,15 @@ micro-batch losses gives exactly the minibatch loss (gradient accumulation is ex
 Safety: ratios are exponentials of clamped log differences; tokens whose inputs are NaN or
 ±inf are counted and removed from the mask *before* any arithmetic, so neither the loss nor
 the gradient ever sees them.
+
+Exactness at the edges: for the *sequence-level* corrections (:data:`SEQUENCE_CORRECTIONS`:
+seq_tis, seq_mis, geo_mask, gspo) a token cannot simply leave the product. If one action
+token of a trajectory has π = 0 (log π = −inf) then w(τ) = Π_t ρ_t = 0 exactly; q = 0 or a
+NaN makes w(τ) undefined. Dropping only that token would weight the trajectory by the
+product of the *other* ratios (a weight sum of 2e where the exact one is 0). So such a
+trajectory is masked whole (policy and KL terms) — it contributes exactly 0, which is its
+exact weight when π = 0 — and counted in ``num_seq_dropped``; its finite tokens count as
+masked. Token-level corrections keep dropping only the offending token.
 """
 
 from __future__ import annotations
@@ -25,6 +34,9 @@ import torch
 from provrl.objectives.config import LossAggregation, ObjectiveConfig
 from provrl.objectives.corrections import correct
 from provrl.objectives.kl import kl_estimate
+
+SEQUENCE_CORRECTIONS = ("seq_tis", "seq_mis", "geo_mask", "gspo")
+"""Corrections whose weight or ratio is a product (or mean) over the whole trajectory."""
 
 
 def loss_token_weights(
@@ -111,7 +123,11 @@ class LossOutput:
     num_nonfinite: int
     """Action tokens dropped because an input (logp, logprox, logq, A, ref) was NaN/inf."""
     num_masked: int
-    """Finite action tokens the correction dropped (its M_t = 0)."""
+    """Finite action tokens the correction dropped (its M_t = 0, or their trajectory was
+    dropped whole)."""
+    num_seq_dropped: int
+    """Trajectories a sequence-level correction dropped whole because one of their action
+    tokens had π = 0, q = 0 or a NaN (module docstring); 0 for token-level corrections."""
     num_clipped: int
     """Kept tokens whose gradient the PPO clip zeroed."""
     weight_sum: float
@@ -146,7 +162,13 @@ def policy_loss(
     ``logp_ref`` (log π_ref, detached) is needed when ``cfg.kl_coef > 0``."""
     if cfg.kl_coef > 0 and logp_ref is None:
         raise ValueError("kl_coef > 0 needs logp_ref (reference-policy logprobs)")
-    ok = finite_mask(mask, logp, logprox, logq, advantages, logp_ref if cfg.kl_coef > 0 else None)
+    finite = finite_mask(mask, logp, logprox, logq, advantages)
+    usable = finite_mask(finite, logp_ref if cfg.kl_coef > 0 else None)  # every input finite
+    dropped = torch.zeros(mask.shape[:-1], dtype=torch.bool, device=mask.device)
+    if cfg.correction in SEQUENCE_CORRECTIONS:
+        # a zero-probability or NaN token makes w(τ) 0 or undefined: the whole row goes
+        dropped = (mask & ~finite).any(-1)
+    ok = usable & ~dropped[..., None]
     zeros = torch.zeros_like(logp)
     # Sanitise before any arithmetic: where() with a NaN in the unselected branch would
     # still poison the gradient of exp(), so the NaNs must never reach it.
@@ -183,8 +205,9 @@ def policy_loss(
         pg_loss=float(pg.detach()),
         kl_loss=kl_val,
         num_tokens=int(mask.sum()),
-        num_nonfinite=int((mask & ~ok).sum()),
-        num_masked=int((ok & ~corr.mask).sum()),
+        num_nonfinite=int((mask & ~usable).sum()),
+        num_masked=int((usable & ~corr.mask).sum()),  # corr.mask ⊆ ok: dropped rows count
+        num_seq_dropped=int(dropped.sum()),
         num_clipped=int((clipped & corr.mask).sum()),
         weight_sum=float(kept_w.sum()),
         weight_max=float(kept_w.max()) if kept_w.numel() else 0.0,

@@ -530,7 +530,14 @@ def _accumulate(totals: dict[str, float], out: LossOutput) -> None:
     for key in ("pg_loss", "kl_loss"):
         totals[key] = totals.get(key, 0.0) + getattr(out, key)
     totals["loss"] = totals.get("loss", 0.0) + float(out.loss.detach())
-    for key in ("num_tokens", "num_nonfinite", "num_masked", "num_clipped", "weight_sum"):
+    for key in (
+        "num_tokens",
+        "num_nonfinite",
+        "num_masked",
+        "num_seq_dropped",
+        "num_clipped",
+        "weight_sum",
+    ):
         totals[key] = totals.get(key, 0.0) + getattr(out, key)
     totals["weight_max"] = max(totals.get("weight_max", 0.0), out.weight_max)
 
@@ -548,6 +555,7 @@ def _summarise(totals: dict[str, float], n_steps: int) -> dict[str, float]:
         "clip_frac": totals["num_clipped"] / kept,
         "masked_frac": totals["num_masked"] / tokens,
         "nonfinite_tokens": totals["num_nonfinite"],
+        "seq_dropped": totals["num_seq_dropped"],
         "weight_mean": totals["weight_sum"] / kept,
         "weight_max": totals["weight_max"],
     }

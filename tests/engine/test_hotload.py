@@ -252,3 +252,35 @@ def test_bad_hot_loads_are_rejected_and_change_nothing(make_engine, tiny, prompt
     assert eng.version == 0
     out = eng.submit(prompts[0], params(0)).result(timeout=60)
     assert out.finish_reason == "length" and (out.version == 0).all()
+
+
+def test_top_p_reaches_the_sampler_and_the_audit_in_float64(
+    make_engine, tiny, prompts, monkeypatch
+):
+    """Issue 13: the engine rounded top_p to float32 (p = 0.9 → 0.89999998) in _plan and
+    _run_audits, so a nucleus could stop short of p while the diagnostics use float64."""
+    import provrl.engine.local as local
+
+    seen: dict[str, list[torch.Tensor]] = {"sample": [], "audit": []}
+    real_sample, real_audit = local.sample, local.behaviour_logprob
+
+    def spy_sample(logits, temperature, top_k, top_p, u):
+        seen["sample"].append(top_p)
+        return real_sample(logits, temperature, top_k, top_p, u)
+
+    def spy_audit(logits, tokens, temperature, top_k, top_p):
+        seen["audit"].append(top_p)
+        return real_audit(logits, tokens, temperature, top_k, top_p)
+
+    monkeypatch.setattr(local, "sample", spy_sample)
+    monkeypatch.setattr(local, "behaviour_logprob", spy_audit)
+    eng = make_engine(audit_fraction=1.0)
+    p = SamplingParams(temperature=1.0, top_p=0.9, max_new_tokens=32, seed=1)
+    futs = [eng.submit(q, p) for q in prompts[:2]]
+    wait_tokens(eng, 10)
+    eng.load_weights(tiny.model.state_dict(), version=1, mode="keep")
+    [f.result(timeout=120) for f in futs]
+    eng.wait_idle(60)
+    assert seen["sample"] and seen["audit"]
+    for top_p in seen["sample"] + seen["audit"]:
+        assert top_p.dtype == torch.float64 and bool((top_p == 0.9).all())

@@ -128,3 +128,19 @@ def test_behaviour_logprob_reproduces_sample():
     outside = behaviour_logprob(logits[2:3], torch.tensor([int(logits[2].argmin())]),
                                 temp[2:3], top_k[2:3], top_p[2:3])  # fmt: skip
     assert outside.logprob.item() == float("-inf")
+
+
+def test_a_nucleus_reaches_p_exactly_at_the_float32_boundary():
+    """π(top) = 0.89999999 lies between float32(0.9) = 0.899999976 and 0.9: the nucleus
+    for p = 0.9 needs a second token. With p rounded to float32 it stopped at mass
+    0.89999999 < p; in float64 it matches support_excluded_mass (float64 too)."""
+    from provrl.objectives.diagnostics import support_excluded_mass
+
+    probs = torch.tensor([0.89999999, 0.06, 0.04000001], dtype=torch.float64)
+    z = probs.log().float()[None]
+    kept64 = kept_set(z, torch.tensor([0]), torch.tensor([0.9], dtype=torch.float64))
+    kept32 = kept_set(z, torch.tensor([0]), torch.tensor([0.9], dtype=torch.float32))
+    assert int(kept64.keep.sum()) == 2 and float(kept64.kept_mass[0]) >= 0.9
+    assert int(kept32.keep.sum()) == 1 and float(kept32.kept_mass[0]) < 0.9  # the old bug
+    excluded = float(support_excluded_mass(z.double(), top_p=0.9))
+    assert excluded == pytest.approx(1 - float(kept64.kept_mass[0]), abs=1e-12)

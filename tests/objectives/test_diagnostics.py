@@ -10,6 +10,7 @@ import torch
 from provrl.objectives.diagnostics import (
     behaviour_kl,
     effective_sample_size,
+    exact_sequence_log_weight,
     lag_summary,
     nonfinite_count,
     ratio_quantiles,
@@ -68,6 +69,27 @@ def test_effective_sample_size():
     assert lopsided["ess"] == pytest.approx(1.0)
     # rows' w(τ): row 0 = 0.5 · 1.0, row 1 = 2.0
     assert trajectory_ess(LOGP, LOGQ, MASK)["ess"] == pytest.approx(2.5**2 / (0.25 + 4))
+
+
+def test_zero_probability_and_nan_tokens_are_exact_in_the_sequence_weight():
+    """A π = 0 token makes w(τ) = 0 (the row still counts in N); a NaN or q = 0 token makes
+    it undefined (counted, left out) — neither is the product of the other tokens."""
+    lp = LOGP.clone().repeat(3, 1)  # rows 0-1: as above; rows 2-5: the same with one edge each
+    lq = LOGQ.clone().repeat(3, 1)
+    m = MASK.repeat(3, 1)
+    lp[2, 2] = -math.inf  # π = 0 on one action: w = 0, not 0.5
+    lq[3, 1] = math.nan  # undefined
+    lq[4, 2] = -math.inf  # q = 0 for a sampled token: undefined (w = ∞)
+    lp[5, 0] = math.nan  # not an action: ignored
+    lw = exact_sequence_log_weight(lp, lq, m)
+    assert lw[2] == -math.inf and math.isnan(lw[3]) and math.isnan(lw[4])
+    assert float(lw[5]) == pytest.approx(math.log(2.0))
+    d = trajectory_ess(lp, lq, m)
+    assert d["num_w_zero"] == 1 and d["num_w_undefined"] == 2
+    w = [0.5, 2.0, 0.0, 2.0]  # the defined weights, the zero included in N
+    ess = sum(w) ** 2 / sum(x * x for x in w)
+    assert d["ess"] == pytest.approx(ess) and d["ess_frac"] == pytest.approx(ess / 4)
+    assert effective_sample_size(torch.tensor([-math.inf, -math.inf]))["ess"] == 0.0
 
 
 def test_support_excluded_mass_hand_values():

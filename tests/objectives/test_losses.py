@@ -12,6 +12,7 @@ from provrl.objectives.config import ObjectiveConfig
 from provrl.objectives.corrections import CORRECTIONS
 from provrl.objectives.kl import kl_estimate
 from provrl.objectives.losses import (
+    SEQUENCE_CORRECTIONS,
     aggregate,
     aggregate_loss,
     clipped_surrogate,
@@ -131,18 +132,42 @@ def test_nan_and_inf_inputs_are_counted_masked_and_never_propagate(correction):
     out.loss.backward()
     assert math.isfinite(float(out.loss.detach())) and out.num_nonfinite == 3
     assert lp.grad is not None and torch.isfinite(lp.grad).all()
-    # Same as removing those tokens from the mask by hand (with the same normaliser ω).
+    # Same as removing those tokens from the mask by hand (with the same normaliser ω) —
+    # for a sequence-level correction, their whole trajectories: w(τ) of a trajectory with
+    # a π = 0 token is 0 and with a NaN undefined, never the product of the other tokens.
     clean = mask.clone()
     for b in bad:
-        clean[b] = False
+        if correction in SEQUENCE_CORRECTIONS:
+            clean[b[0]] = False
+        else:
+            clean[b] = False
+    n_rows = len({b[0] for b in bad})
+    assert out.num_seq_dropped == (n_rows if correction in SEQUENCE_CORRECTIONS else 0)
     lp2 = logprox.clone().requires_grad_(True)
     ref_out = policy_loss(
         lp2, logprox, logq, adv, clean, torch.where(clean, w, 0.0), cfg, logp_ref=ref
     )
     ref_out.loss.backward()
-    # (sequence-level corrections included: w(τ) is over the remaining tokens either way)
     torch.testing.assert_close(out.loss.detach(), ref_out.loss.detach())
     torch.testing.assert_close(lp.grad, lp2.grad)
+    assert out.num_nonfinite + out.num_masked - ref_out.num_masked == mask.sum() - clean.sum()
+
+
+@pytest.mark.parametrize("correction", SEQUENCE_CORRECTIONS)
+def test_a_zero_probability_token_zeroes_its_sequence_weight(correction):
+    """Issue 13: with π = 0 on one token, seq_tis gave w(τ) = Π of the other ratios (weight
+    sum 2e where the exact value is 0). Two rows, each e·(π=0 token)."""
+    mask = torch.ones(2, 2, dtype=torch.bool)
+    logq = torch.full((2, 2), -1.0)
+    logprox = torch.tensor([[0.0, -math.inf], [-math.inf, 0.0]])  # log ρ = 1 and −inf per row
+    adv = torch.ones(2, 2)
+    cfg = ObjectiveConfig(correction=correction, is_cap=None, mask_low=0.0, mask_high=1e9)
+    lp = logprox.clone().requires_grad_(True)
+    out = policy_loss(lp, logprox, logq, adv, mask, loss_token_weights(mask, "token_mean"), cfg)
+    out.loss.backward()
+    assert out.num_seq_dropped == 2 and out.weight_sum == 0.0 and out.num_nonfinite == 2
+    assert out.num_masked == 2 and float(out.loss.detach()) == 0.0
+    assert lp.grad is not None and torch.equal(lp.grad, torch.zeros_like(lp))
 
 
 @pytest.mark.parametrize("aggregation", ["token_mean", "seq_mean_token_mean", "seq_sum_norm"])
