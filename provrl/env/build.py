@@ -128,4 +128,4 @@ def ensure_world(cfg: WorldConfig, world_dir: str | os.PathLike[str] | None = No
 
 
 def load_split(world_dir: str | os.PathLike[str], split: str) -> list[Task]:
-    return load_tasks(Path(world_dir) / TASKS_DIR / f"{split}.jsonl")
+    return load_tasks(Path(world_dir) / TASKS_DIR / f"{split}.jsonl", split=split)

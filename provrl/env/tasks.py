@@ -33,7 +33,7 @@ from __future__ import annotations
 
 import hashlib
 import os
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -103,6 +103,32 @@ _SCHEMA: dict[str, type | tuple[type, ...]] = {
 }
 
 
+MAX_TASK_LINE_BYTES = 1 << 20
+"""Longest line of a task file (a task is ~1 KB)."""
+MAX_TASKS = 1_000_000
+"""Most tasks in one file."""
+MAX_TEXT_CHARS = 8192
+"""Longest question, answer, alias or other text field of a task."""
+MAX_LIST_ITEMS = 64
+"""Most aliases, evidence ids or oracle steps of one task."""
+
+
+def _check_sizes(d: dict[str, Any], where: str) -> None:
+    """Every text field ≤ MAX_TEXT_CHARS characters, every list ≤ MAX_LIST_ITEMS items."""
+    for key, v in d.items():
+        items = v if isinstance(v, list) else [v]
+        if isinstance(v, list) and len(v) > MAX_LIST_ITEMS:
+            raise TaskFileError(
+                f"{where}: field {key!r} has {len(v)} items; at most {MAX_LIST_ITEMS}"
+            )
+        for x in items:
+            texts = x.values() if isinstance(x, dict) else [x]
+            if any(isinstance(t, str) and len(t) > MAX_TEXT_CHARS for t in texts):
+                raise TaskFileError(
+                    f"{where}: field {key!r} is longer than {MAX_TEXT_CHARS} characters"
+                )
+
+
 def task_from_json(d: Any, where: str) -> Task:
     """Validate one decoded line; errors name ``where`` (``file:line``) and the field."""
     if not isinstance(d, dict):
@@ -119,6 +145,7 @@ def task_from_json(d: Any, where: str) -> Task:
     unknown = set(d) - set(_SCHEMA)
     if unknown:
         raise TaskFileError(f"{where}: unknown field {sorted(unknown)[0]!r}")
+    _check_sizes(d, where)
     if d["split"] not in SPLITS:
         raise TaskFileError(f"{where}: field 'split' must be one of {SPLITS}, got {d['split']!r}")
     if d["tier"] not in TIER_NAMES:
@@ -147,31 +174,38 @@ def task_from_json(d: Any, where: str) -> Task:
     return Task(**{**d, "oracle": steps})
 
 
-def load_tasks(path: str | os.PathLike[str]) -> list[Task]:
+def load_tasks(path: str | os.PathLike[str], *, split: str | None = None) -> list[Task]:
     """Read a task JSONL file. Malformed input raises :class:`TaskFileError` with line and
-    field; blank lines are skipped."""
+    field; blank lines are skipped. With ``split``, every task must belong to it (a train
+    task in ``test.jsonl`` is an error, not a leak). Bounded: :data:`MAX_TASK_LINE_BYTES`
+    per line, :data:`MAX_TASKS` per file, :data:`MAX_TEXT_CHARS` per text field,
+    :data:`MAX_LIST_ITEMS` per list field."""
     p = Path(path)
-    if not p.is_file():
-        raise TaskFileError(f"{p}: no such task file")
     tasks: list[Task] = []
     seen: dict[str, int] = {}
-    with open(p, "rb") as f:
-        for lineno, line in enumerate(f, 1):
-            if not line.strip():
-                continue
-            where = f"{p}:{lineno}"
-            try:
-                d = orjson.loads(line)
-            except orjson.JSONDecodeError as e:
-                raise TaskFileError(f"{where}: invalid JSON ({e})") from None
-            t = task_from_json(d, where)
-            if t.task_id in seen:
-                raise TaskFileError(
-                    f"{where}: field 'task_id' {t.task_id!r} repeats line {seen[t.task_id]}"
-                )
-            seen[t.task_id] = lineno
-            tasks.append(t)
+    for lineno, d in _task_records(p):
+        where = f"{p}:{lineno}"
+        t = task_from_json(d, where)
+        if split is not None and t.split != split:
+            raise TaskFileError(
+                f"{where}: field 'split' is {t.split!r} but {p.name} holds the {split!r} split"
+            )
+        if t.task_id in seen:
+            raise TaskFileError(
+                f"{where}: field 'task_id' {t.task_id!r} repeats line {seen[t.task_id]}"
+            )
+        seen[t.task_id] = lineno
+        tasks.append(t)
     return tasks
+
+
+def _task_records(p: Path) -> Iterator[tuple[int, Any]]:
+    """The decoded lines of a task file, within the task-file bounds."""
+    from provrl.env.jsonl import iter_records
+
+    return iter_records(
+        p, TaskFileError, "task file", max_line_bytes=MAX_TASK_LINE_BYTES, max_records=MAX_TASKS
+    )
 
 
 # ----------------------------------------------------------------------------- plain QA
@@ -199,6 +233,7 @@ def plain_task_from_json(d: Any, where: str, lineno: int, split: str) -> Task:
             f"'answers' and 'golden_answers' are read too)"
         )
     raw = d[key]
+    _check_sizes({"question": q, key: raw}, where)  # other fields are ignored, so not capped
     answers = [raw] if isinstance(raw, str) else raw
     if (
         not isinstance(answers, list)
@@ -232,10 +267,8 @@ def read_task_file(path: str | os.PathLike[str], split: str = "test") -> list[Ta
     plain QA records (:func:`plain_task_from_json`, given ``split``). Blank lines are
     skipped; a malformed line raises :class:`TaskFileError` naming file, line and field;
     repeated ids are refused."""
-    from provrl.env.jsonl import iter_records
-
     p = Path(path)
-    records = list(iter_records(p, TaskFileError, "task file"))
+    records = list(_task_records(p))
     if not records:
         raise TaskFileError(f"{p}: no tasks (the file is empty)")
     first = records[0][1]

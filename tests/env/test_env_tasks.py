@@ -130,3 +130,37 @@ def test_roundtrip_and_malformed_files(tmp_path, all_tasks):
     broken(3, json.dumps({**d, "aliases": [1]}), r":3: field 'aliases' must be a list of strings")
     broken(3, json.dumps(json.loads(lines[0])), r":3: field 'task_id' .* repeats line 1")
     broken(3, "[1, 2]", r":3: expected a JSON object")
+
+
+def test_task_files_are_size_capped_and_checked_against_their_split(tmp_path, all_tasks):
+    import provrl.env.tasks as tasks_mod
+
+    p = tmp_path / "dev.jsonl"
+    save_tasks(all_tasks["dev"], p)
+    assert len(load_tasks(p, split="dev")) == len(all_tasks["dev"])
+    with pytest.raises(TaskFileError, match=r"dev\.jsonl:1: field 'split' is 'dev' but"):
+        load_tasks(p, split="test")  # a dev task in a test file would leak across splits
+    d = all_tasks["dev"][0].to_json()
+    for field, value, pattern in [
+        ("question", "x" * 9000, "field 'question' is longer than 8192"),
+        ("aliases", ["a"] * 65, "field 'aliases' has 65 items"),
+        (
+            "oracle",
+            [{"query": "q" * 9000, "passage": "p", "reveals": "r"}],
+            "field 'oracle' is longer",
+        ),
+    ]:
+        q = tmp_path / "big.jsonl"
+        q.write_text(json.dumps({**d, field: value}) + "\n")
+        with pytest.raises(TaskFileError, match=rf"big\.jsonl:1: {pattern}"):
+            load_tasks(q)
+    huge = tmp_path / "huge.jsonl"
+    huge.write_bytes(b'{"task_id": "' + b"x" * (2 << 20) + b'"}\n')
+    with pytest.raises(TaskFileError, match=r"huge\.jsonl:1: line longer than 1048576 bytes"):
+        load_tasks(huge)
+    plain = tmp_path / "plain.jsonl"
+    plain.write_text(json.dumps({"question": "q" * 9000, "answer": "a"}) + "\n")
+    with pytest.raises(TaskFileError, match=r"plain\.jsonl:1: field 'question' is longer"):
+        tasks_mod.read_task_file(plain)
+    plain.write_text(json.dumps({"question": "q?", "answer": "a", "context": "c" * 20000}) + "\n")
+    assert tasks_mod.read_task_file(plain)[0].answer == "a"  # unread fields are not capped
