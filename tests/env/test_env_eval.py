@@ -118,3 +118,28 @@ def test_cli_world_and_oracle_eval(tmp_path):
         app, ["world", "--out", str(w), "--docs", "300", "--entities", "150", "--json"]
     )
     assert r.exit_code != 0 and "exists" in str(r.exception)
+
+
+def test_rerun_into_the_same_run_dir_resumes_and_never_duplicates(small_world, tmp_path):
+    """Issue 13 item 4: re-running `provrl eval` into a run directory appended every task
+    again (210 duplicate traj_ids after one rerun). It now resumes from its log."""
+    cfg = EnvConfig(
+        agent=AgentConfig(max_new_tokens=8, max_turns=2),
+        eval=EvalConfig(split="dev", n=3, k=2, concurrency=4),
+    )
+    first = evaluate("tiny", small_world, cfg, tmp_path, progress=False)
+    again = evaluate("tiny", small_world, cfg, tmp_path, progress=False)
+    log = tmp_path / "trajectories.jsonl"
+    ids = [t.traj_id for t in read_all(log)]
+    assert len(ids) == len(set(ids)) == 6
+    assert again["samples"] == first["samples"] == 6 and again["accuracy"] == first["accuracy"]
+    assert json.loads((tmp_path / "eval.json").read_text())["samples"] == 6
+    cfg.eval.n = 5  # another selection: samples already in the log are reused, not rerun
+    more = evaluate("tiny", small_world, cfg, tmp_path, progress=False)
+    ids = [t.traj_id for t in read_all(log)]
+    assert len(ids) == len(set(ids)) and more["samples"] == 10
+    oracle_dir = tmp_path / "oracle"
+    for _ in range(2):
+        s = evaluate("oracle", small_world, EnvConfig(), oracle_dir, progress=False)
+    ids = [t.traj_id for t in read_all(oracle_dir / "trajectories.jsonl")]
+    assert len(ids) == len(set(ids)) == s["tasks"]
