@@ -146,3 +146,32 @@ def test_a_template_that_cannot_add_the_turn_is_named(tokenizer):
     tok.chat_template = MISTRAL_TEMPLATE
     with pytest.raises(ValueError, match=r"chat template cannot render a 'tool' turn"):
         continuation_ids(tok, "tool", "x")
+
+
+def test_checkpoints_are_portable_and_readable_by_others(tiny, tmp_path):
+    """transformers 4.x cannot load ``tokenizer_class: TokenizersBackend`` (5.x's name) and
+    reads ``rope_theta``, not ``rope_parameters``; mkdtemp and safetensors write 0700/0600.
+    (Loading this checkpoint under transformers 4.57.3 was checked by hand: identical ids
+    and logits; docs/data.md.)"""
+    import json
+    import os
+    import stat
+
+    from provrl.models import tokenizer_identity
+
+    path = save_checkpoint(tiny.model, tiny.tokenizer, tmp_path / "ckpt")
+    tok_cfg = json.loads((path / "tokenizer_config.json").read_text())
+    assert tok_cfg["tokenizer_class"] == "PreTrainedTokenizerFast"
+    assert tok_cfg["chat_template"] == tiny.tokenizer.chat_template
+    cfg = json.loads((path / "config.json").read_text())
+    assert cfg["rope_theta"] == cfg["rope_parameters"]["rope_theta"] == 10000.0
+    assert cfg["torch_dtype"] == "float32"
+    umask = os.umask(0)
+    os.umask(umask)
+    assert stat.S_IMODE(path.stat().st_mode) == 0o777 & ~umask
+    for f in path.iterdir():
+        assert stat.S_IMODE(f.stat().st_mode) == 0o666 & ~umask, f.name
+    assert read_metadata(path)["tokenizer"] == tokenizer_identity(tiny.tokenizer)
+    again = load_model(str(path))  # and transformers 5 reads it back the same
+    assert again.tokenizer_identity["sha256"] == tokenizer_identity(tiny.tokenizer)["sha256"]
+    assert again.model.config.rope_parameters["rope_theta"] == 10000.0

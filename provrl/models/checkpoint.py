@@ -31,7 +31,8 @@ def atomic_tmp_dir(final: Path) -> Path:
 def save_checkpoint(
     model: Any, tokenizer: Any, path: str | os.PathLike[str], **metadata: Any
 ) -> Path:
-    """Write ``model`` (+ tokenizer, + ``provrl.json`` with ``metadata``) to ``path``.
+    """Write ``model`` (+ tokenizer, + ``provrl.json`` with ``metadata`` and the tokenizer's
+    identity) to ``path``, loadable by transformers 4.x and 5.x, with normal permissions.
 
     Written to a temporary sibling directory first and renamed, so a crash never leaves a
     half-written checkpoint under the final name."""
@@ -40,13 +41,68 @@ def save_checkpoint(
     final = Path(path)
     tmp = atomic_tmp_dir(final)
     model.save_pretrained(tmp, safe_serialization=True)
+    portable_config(tmp / "config.json")
     if tokenizer is not None:
+        from provrl.models.loading import tokenizer_identity
+
         tokenizer.save_pretrained(tmp)
+        portable_tokenizer_config(tmp / "tokenizer_config.json")
+        metadata.setdefault("tokenizer", tokenizer_identity(tokenizer))
     (tmp / METADATA_FILE).write_text(json.dumps(metadata, indent=2, sort_keys=True, default=str))
+    normal_permissions(tmp)
     if final.exists():
         shutil.rmtree(final)
     tmp.rename(final)
     return final
+
+
+LEGACY_TOKENIZER_CLASS = "PreTrainedTokenizerFast"
+"""What a checkpoint's ``tokenizer_config.json`` declares instead of transformers 5's
+``TokenizersBackend``: the class that reads ``tokenizer.json`` in transformers 4.x and 5.x."""
+
+
+def portable_tokenizer_config(path: Path) -> None:
+    """Make ``tokenizer_config.json`` loadable by transformers 4.x as well as 5.x: declare
+    :data:`LEGACY_TOKENIZER_CLASS` where 5.x wrote ``TokenizersBackend`` (a class 4.x does not
+    have), and inline the chat template (4.x before 4.43 reads it only from here)."""
+    if not path.is_file():
+        return
+    cfg = json.loads(path.read_text())
+    if cfg.get("tokenizer_class") in (None, "TokenizersBackend"):
+        cfg["tokenizer_class"] = LEGACY_TOKENIZER_CLASS
+    template = path.parent / "chat_template.jinja"
+    if "chat_template" not in cfg and template.is_file():
+        cfg["chat_template"] = template.read_text()
+    path.write_text(json.dumps(cfg, indent=2, sort_keys=True))
+
+
+def portable_config(path: Path) -> None:
+    """Add transformers 4.x's names next to 5.x's in ``config.json`` so both read the same
+    model: ``rope_theta`` / ``rope_scaling`` from ``rope_parameters`` (4.x ignores the latter
+    and would silently fall back to θ = 10000) and ``torch_dtype`` from ``dtype``."""
+    if not path.is_file():
+        return
+    cfg = json.loads(path.read_text())
+    rope = cfg.get("rope_parameters")
+    if isinstance(rope, dict) and "rope_theta" in rope:
+        cfg.setdefault("rope_theta", rope["rope_theta"])
+        scaling = {k: v for k, v in rope.items() if k != "rope_theta"}
+        if scaling.get("rope_type", "default") != "default":
+            cfg.setdefault("rope_scaling", scaling)
+    if "dtype" in cfg:
+        cfg.setdefault("torch_dtype", cfg["dtype"])
+    path.write_text(json.dumps(cfg, indent=2, sort_keys=True))
+
+
+def normal_permissions(root: Path) -> None:
+    """Directories 0777 and files 0666, less the process umask (755 / 644 by default):
+    ``mkdtemp`` creates 0700 and safetensors writes 0600, which other users — a serving
+    process, a colleague — could not read."""
+    umask = os.umask(0)
+    os.umask(umask)
+    root.chmod(0o777 & ~umask)
+    for p in root.rglob("*"):
+        p.chmod((0o777 if p.is_dir() else 0o666) & ~umask)
 
 
 def read_metadata(path: str | os.PathLike[str]) -> dict[str, Any]:

@@ -32,7 +32,12 @@ from typing import Any
 
 import torch
 
-from provrl.models.checkpoint import atomic_tmp_dir
+from provrl.models.checkpoint import (
+    atomic_tmp_dir,
+    normal_permissions,
+    portable_config,
+    portable_tokenizer_config,
+)
 
 log = logging.getLogger(__name__)
 
@@ -153,6 +158,9 @@ def smollm2_dir() -> Path:
     tmp = atomic_tmp_dir(final)
     model.save_pretrained(tmp, safe_serialization=True)
     tok.save_pretrained(tmp)
+    portable_config(tmp / "config.json")
+    portable_tokenizer_config(tmp / "tokenizer_config.json")
+    normal_permissions(tmp)
     (tmp / "SOURCE.txt").write_text(f"converted from {gguf} (sha256 {file_sha256(gguf)})\n")
     _publish_dir(tmp, final)
     return final

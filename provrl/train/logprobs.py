@@ -28,6 +28,25 @@ def check_teacher_forced(traj: Trajectory, vocab_size: int | None = None) -> Non
         raise ProvenanceError(f"{where}: token {i}: id {traj.token_id[i]} ≥ vocab {vocab_size}")
 
 
+def check_tokenizer(traj: Trajectory, expected: dict[str, str] | None, source: str = "") -> None:
+    """Refuse a trajectory tokenized by another tokenizer than ``expected`` (the
+    ``{"name", "sha256"}`` of :func:`provrl.models.tokenizer_identity`): its token ids
+    would be trained on as other text. The trajectory's tokenizer is the one its policy
+    identity records; a trajectory that records none (written before tokenizers were
+    recorded) passes. Raises :class:`ProvenanceError` naming ``source`` and both names."""
+    got = traj.policy.config.get("tokenizer") if isinstance(traj.policy.config, dict) else None
+    if expected is None or not isinstance(got, dict) or "sha256" not in got:
+        return
+    if got["sha256"] != expected["sha256"]:
+        where = f"{source}: " if source else ""
+        raise ProvenanceError(
+            f"{where}trajectory {traj.traj_id!r} was tokenized by {got.get('name', '?')!r} "
+            f"({str(got['sha256'])[7:19]}…), the model's tokenizer is {expected['name']!r} "
+            f"({expected['sha256'][7:19]}…): its ids would be read as other text — "
+            f"re-generate the traces with this model's tokenizer"
+        )
+
+
 def token_logprobs(
     model: Any,
     input_ids: torch.Tensor,

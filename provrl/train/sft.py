@@ -1,7 +1,10 @@
 """Supervised fine-tuning (SFT) on provenance trajectories: the warm start before RL.
 
 The data are trajectories — teacher traces of the oracle (``provrl eval --policy oracle
---split train`` writes them to ``<run>/trajectories.jsonl``) or successful probe rollouts.
+--split train`` writes them to ``<run>/trajectories.jsonl``) or successful probe rollouts —
+or chat conversations ``{"messages": [...]}`` (:mod:`provrl.train.chat_data`: assistant
+turns become the action tokens). Trajectories are refused when their policy identity names
+another tokenizer than the model's (:func:`provrl.train.logprobs.check_tokenizer`).
 The model imitates their **action** tokens and reads every other token as context:
 
 .. math::
@@ -50,7 +53,7 @@ import torch
 from provrl.provenance import ProvenanceError, Trajectory, TrajectoryBatch
 from provrl.report.metrics import MetricsWriter
 from provrl.train.config import SFTConfig
-from provrl.train.logprobs import check_teacher_forced, token_logprobs_chunked
+from provrl.train.logprobs import check_teacher_forced, check_tokenizer, token_logprobs_chunked
 
 
 # ============================================================================ 0. load
@@ -391,26 +394,45 @@ def run_sft(
     run_dir: str | os.PathLike[str] | None = None,
     dtype: str = "float32",
     eval_traces: Sequence[Trajectory] = (),
+    data: Sequence[str | os.PathLike[str]] = (),
+    plot: bool = True,
 ) -> dict[str, Any]:
     """Load ``model`` (a name or a directory), select and train on ``traces`` (log files or
-    trajectories), save the checkpoint to ``out`` and return the summary (also written to
+    trajectories) and on the conversations of the chat JSONL files ``data`` (assistant
+    turns are the targets, :mod:`provrl.train.chat_data`); traces tokenized by another
+    tokenizer than the model's are refused. Save the checkpoint to ``out``, the loss curve
+    to ``run_dir/sft_loss.png`` (``plot``) and return the summary (also written to
     ``run_dir/sft.json``; metrics to ``run_dir/metrics.jsonl``, default ``run_dir = out``'s
     parent / ``out.name + '-run'``). ``eval_traces``: held-out traces whose mean action NLL
     is reported before and after training."""
     from provrl.models import load_model
 
-    all_traces: list[Trajectory]
+    all_traces: list[Trajectory] = []
+    sources: list[str] = []
     if traces and isinstance(traces[0], Trajectory):
         all_traces = [t for t in traces if isinstance(t, Trajectory)]
         for t in all_traces:
             check_trace(t)
         sources = ["<in memory>"]
-    else:
+    elif traces:
         paths = [Path(p) for p in traces if not isinstance(p, Trajectory)]
         all_traces = load_traces(paths)
         sources = [str(p) for p in paths]
-    selected = select_traces(all_traces, cfg)
+    if not traces and not data:
+        raise ValueError("SFT: give trajectory logs (--traces) or chat JSONL files (--data)")
     lm = load_model(model, dtype=dtype)
+    if data:
+        from provrl.train.chat_data import load_chat_jsonl
+
+        for path in data:
+            chats = load_chat_jsonl(path, lm.tokenizer)
+            for t in chats:
+                check_trace(t)
+            all_traces.extend(chats)
+            sources.append(str(path))
+    for t in all_traces:
+        check_tokenizer(t, lm.tokenizer_identity, f"SFT on {model!r}")
+    selected = select_traces(all_traces, cfg)
     pad = lm.tokenizer.pad_token_id
     if pad is None:
         pad = lm.tokenizer.eos_token_id
@@ -435,6 +457,8 @@ def run_sft(
     save_sft_checkpoint(lm.model, lm.tokenizer, out, summary)
     summary["checkpoint"] = str(out)
     summary["run_dir"] = str(run)
+    if plot:
+        summary["plot"] = str(plot_sft_loss(result.losses, run / "sft_loss.png", model))
     (run / "sft.json").write_text(json.dumps(summary, indent=2))
     return summary
 
@@ -450,6 +474,27 @@ def save_sft_checkpoint(
     model.eval()
     meta = {k: v for k, v in summary.items() if k != "losses"}
     return save_checkpoint(model, tokenizer, out, kind="sft", **meta)
+
+
+def plot_sft_loss(losses: Sequence[float], path: str | os.PathLike[str], title: str) -> Path:
+    """PNG of the training loss per optimizer step (skipped steps leave gaps)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig, ax = plt.subplots(figsize=(6, 4), dpi=120)
+    ax.plot(np.arange(1, len(losses) + 1), np.asarray(losses, dtype=float), color="tab:blue")
+    ax.set_xlabel("optimizer step")
+    ax.set_ylabel("action-token NLL (nats)")
+    ax.set_title(f"SFT loss — {title}")
+    ax.grid(alpha=0.3)
+    fig.tight_layout()
+    fig.savefig(path)
+    plt.close(fig)
+    return path
 
 
 def _progress(total: int, enabled: bool) -> Any:

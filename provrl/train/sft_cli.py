@@ -7,6 +7,8 @@ Typical use (teacher traces of the oracle, then an evaluation of the checkpoint)
     provrl eval --policy oracle --split train --run-dir runs/oracle-train
     provrl sft --traces runs/oracle-train --out runs/sft/ckpt --autocast bfloat16
     provrl eval --policy runs/sft/ckpt --split dev --n 64 --k 8
+
+or on chat data: ``provrl sft --data chat.jsonl --model DIR --out runs/chat-sft``.
 """
 
 from __future__ import annotations
@@ -23,14 +25,21 @@ _C = SFTConfig()
 
 
 def sft(
+    out: Annotated[Path, typer.Option(help="Checkpoint directory to write (HF layout).")],
     traces: Annotated[
-        list[Path],
+        list[Path] | None,
         typer.Option(
             help="Trajectory log (trajectories.jsonl) or a run directory holding one; "
             "repeat the option for several."
         ),
-    ],
-    out: Annotated[Path, typer.Option(help="Checkpoint directory to write (HF layout).")],
+    ] = None,
+    data: Annotated[
+        list[Path] | None,
+        typer.Option(
+            help='Chat JSONL: {"messages": [{"role", "content"}, ...]} per line; the loss is '
+            "on the assistant turns. Repeatable; combines with --traces."
+        ),
+    ] = None,
     model: Annotated[
         str, typer.Option(help="Base model: smollm2-135m, tiny, or a checkpoint directory.")
     ] = "smollm2-135m",
@@ -75,7 +84,8 @@ def sft(
         bool, typer.Option("--json", help="Print the summary as JSON only (no progress bar).")
     ] = False,
 ) -> None:
-    """Supervised warm start: imitate the action tokens of trajectories (e.g. oracle traces)."""
+    """Supervised warm start: imitate the action tokens of trajectories (e.g. oracle traces)
+    or the assistant turns of chat conversations."""
     from provrl.train.sft import run_sft
 
     try:
@@ -99,7 +109,7 @@ def sft(
         )
     except ValueError as e:
         raise typer.BadParameter(str(e)) from e
-    summary = run_sft(traces, model, out, cfg, run_dir=run_dir)
+    summary = run_sft(traces or [], model, out, cfg, run_dir=run_dir, data=data or [])
     if as_json:
         summary.pop("losses", None)
         typer.echo(json.dumps(summary))
@@ -114,3 +124,4 @@ def sft(
         f"{summary['wall_s']:.1f} s ({summary['tokens_per_s']:.0f} tokens/s)"
     )
     typer.echo(f"  checkpoint: {summary['checkpoint']}   metrics: {summary['run_dir']}")
+    typer.echo(f"  loss curve: {summary['plot']}")
