@@ -150,6 +150,25 @@ def bench_log(
     typer.echo(json.dumps(result, indent=None if as_json else 2))
 
 
+# ----------------------------------------------------------------------------- config docs
+@app.command("config-docs")
+def config_docs(
+    check: Annotated[
+        bool, typer.Option(help="Only check that docs/config.md is current (exit 1 if not).")
+    ] = False,
+) -> None:
+    """Write docs/config.md: every config key with its TRL / verl name, default and meaning."""
+    from provrl import config_docs as cd
+
+    if check:
+        if not cd.is_current():
+            typer.echo(f"{cd.DOC}: out of date — run `provrl config-docs`", err=True)
+            raise typer.Exit(1)
+        typer.echo(f"{cd.DOC}: current")
+        return
+    typer.echo(f"wrote {cd.write()}")
+
+
 # ----------------------------------------------------------------------------- run
 app.command("run")(run)
 app.command("report")(report)

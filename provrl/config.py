@@ -27,7 +27,7 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 import yaml
-from pydantic import BaseModel, ConfigDict, ValidationError
+from pydantic import AliasChoices, BaseModel, ConfigDict, ValidationError
 
 CONFIG_DIR = Path(__file__).resolve().parent.parent / "configs"
 MAX_CONFIG_BYTES = 1 << 20
@@ -155,7 +155,7 @@ def _format_errors(err: ValidationError, source: str) -> str:
     for e in err.errors():
         key = ".".join(str(p) for p in e["loc"]) or "<root>"
         if e["type"] == "extra_forbidden":
-            lines.append(f"{source}: unknown key {key!r}")
+            lines.append(f"{source}: unknown key {key!r}{did_you_mean(err.title, e['loc'])}")
         else:
             lines.append(f"{source}: key {key!r}: {e['msg']} (got {_SHORT.repr(e.get('input'))})")
     return "\n".join(lines)
@@ -207,3 +207,73 @@ def load_config(
 def dump_config(cfg: BaseModel) -> str:
     """YAML text of a config (what a run writes next to its logs)."""
     return yaml.safe_dump(cfg.model_dump(mode="json"), sort_keys=False)
+
+
+# ----------------------------------------------------------------------------- peer names
+def peer_names(name: str, *, trl: str | None = None, verl: str | None = None) -> dict[str, Any]:
+    """``Field(...)`` arguments that make field ``name`` also accept the name TRL or verl
+    give the same quantity (``verl`` as its full config path; its last part is accepted):
+
+        clip_eps_low: float = Field(0.2, description=..., **peer_names(
+            "clip_eps_low", trl="epsilon", verl="actor_rollout_ref.actor.clip_ratio_low"))
+
+    The peers' full names are kept in the field's JSON-schema extras for docs/config.md."""
+    choices = [name] + [p.rsplit(".", 1)[-1] for p in (trl, verl) if p is not None]
+    return {
+        "validation_alias": AliasChoices(*dict.fromkeys(choices)),
+        "json_schema_extra": {k: v for k, v in (("trl", trl), ("verl", verl)) if v is not None},
+    }
+
+
+def accepted_keys(cls: type[BaseModel]) -> dict[str, str]:
+    """Every key a config class accepts → the field it sets (names and peer aliases)."""
+    out: dict[str, str] = {}
+    for name, f in cls.model_fields.items():
+        out[name] = name
+        alias = f.validation_alias
+        if isinstance(alias, AliasChoices):
+            out.update({c: name for c in alias.choices if isinstance(c, str)})
+        elif isinstance(alias, str):
+            out[alias] = name
+    return out
+
+
+def _section_named(title: str) -> type[BaseModel] | None:
+    stack: list[type[BaseModel]] = [Section]
+    while stack:
+        cls = stack.pop()
+        if cls.__name__ == title:
+            return cls
+        stack.extend(cls.__subclasses__())
+    return None
+
+
+def _sub_section(cls: type[BaseModel], key: str) -> type[BaseModel] | None:
+    field = cls.model_fields.get(accepted_keys(cls).get(key, key))
+    ann = field.annotation if field is not None else None
+    return ann if isinstance(ann, type) and issubclass(ann, BaseModel) else None
+
+
+def did_you_mean(title: str, loc: tuple[str | int, ...]) -> str:
+    """`` (did you mean 'x'?)`` for an unknown key at ``loc`` of config class ``title``: the
+    closest accepted key of its section, or the path of a section below it that accepts
+    the key as it is (``rl.beta`` → ``rl.objective.beta``); '' when nothing is close."""
+    import difflib
+
+    cls = _section_named(title)
+    for part in loc[:-1]:
+        cls = _sub_section(cls, str(part)) if cls is not None else None
+    if cls is None or not loc:
+        return ""
+    key = str(loc[-1])
+    parent = ".".join(str(p) for p in loc[:-1])
+    prefix = f"{parent}." if parent else ""
+    accepted = accepted_keys(cls)
+    if key in accepted:  # a peer name of a field that was also given under another name
+        return f" (it sets {prefix + accepted[key]!r}, which is given twice)"
+    for name in cls.model_fields:
+        sub = _sub_section(cls, name)
+        if sub is not None and key in accepted_keys(sub):
+            return f" (did you mean {prefix + name + '.' + key!r}?)"
+    close = difflib.get_close_matches(key, list(accepted), n=1, cutoff=0.75)
+    return f" (did you mean {prefix + close[0]!r}?)" if close else ""

@@ -8,9 +8,11 @@ from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import Field, model_validator
+from pydantic import Field, field_validator, model_validator
 
-from provrl.config import Section
+from provrl.config import Section, peer_names
+
+VERL_ROLLOUT = "actor_rollout_ref.rollout."
 
 
 class WorldConfig(Section):
@@ -136,9 +138,25 @@ class AgentConfig(Section):
     tool_timeout_s: float = Field(
         10.0, gt=0, description="A tool call slower than this returns a timeout observation."
     )
-    temperature: float = Field(1.0, ge=0, description="Sampling temperature (0 = greedy).")
-    top_p: float = Field(1.0, gt=0, le=1, description="Nucleus sampling mass.")
-    top_k: int = Field(0, ge=0, description="Top-k sampling (0 = off).")
+    temperature: float = Field(
+        1.0,
+        ge=0,
+        description="Sampling temperature (0 = greedy).",
+        **peer_names("temperature", trl="temperature", verl=VERL_ROLLOUT + "temperature"),
+    )
+    top_p: float = Field(
+        1.0,
+        gt=0,
+        le=1,
+        description="Nucleus sampling mass.",
+        **peer_names("top_p", trl="top_p", verl=VERL_ROLLOUT + "top_p"),
+    )
+    top_k: int = Field(
+        0,
+        ge=0,
+        description="Top-k sampling (0 = off; verl and TRL use -1 / None for off).",
+        **peer_names("top_k", trl="top_k", verl=VERL_ROLLOUT + "top_k"),
+    )
     reward: Literal["em", "f1"] = Field(
         "em", description="Outcome score: exact match (with aliases) or token F1."
     )
@@ -155,6 +173,12 @@ class AgentConfig(Section):
         "calls). Rewards reaching the answer with fewer searches without making failure "
         "cheaper than success (needs c · max_tool_calls < 1). Typical 0.05-0.15; 0 = off.",
     )
+
+    @field_validator("top_k", mode="before")
+    @classmethod
+    def _peer_top_k_off(cls, v: object) -> object:
+        """verl's and vLLM's top_k = -1 (off) is provrl's 0."""
+        return 0 if v == -1 else v
 
     @model_validator(mode="after")
     def _check_cost(self) -> AgentConfig:

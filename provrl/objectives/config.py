@@ -6,9 +6,11 @@ from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import Field, model_validator
+from pydantic import Field, field_validator, model_validator
 
-from provrl.config import Section
+from provrl.config import Section, peer_names
+
+VERL_ACTOR = "actor_rollout_ref.actor."
 
 CorrectionName = Literal[
     "on_policy", "token_is", "tis", "icepop", "seq_tis", "seq_mis", "geo_mask", "decoupled", "gspo"
@@ -17,6 +19,16 @@ CorrectionName = Literal[
 KLEstimator = Literal["k1", "k2", "k3"]
 """The per-token KL estimators of :mod:`provrl.objectives.kl`."""
 LossAggregation = Literal["token_mean", "seq_mean_token_mean", "seq_sum_norm"]
+AGGREGATION_NAMES = {
+    "token-mean": "token_mean",  # verl loss_agg_mode
+    "seq-mean-token-mean": "seq_mean_token_mean",
+    "seq-mean-token-sum-norm": "seq_sum_norm",
+    "grpo": "seq_mean_token_mean",  # TRL loss_type
+    "bnpo": "token_mean",
+    "dapo": "token_mean",
+    "dr_grpo": "seq_sum_norm",
+}
+"""TRL's ``loss_type`` and verl's ``loss_agg_mode`` values → the aggregation they compute."""
 
 
 class AdvantageConfig(Section):
@@ -26,10 +38,15 @@ class AdvantageConfig(Section):
         "grpo",
         description="grpo: r_i − group mean (optionally / group std); "
         "rloo: r_i − mean of the other rewards in the group (leave-one-out).",
+        **peer_names("estimator", verl="algorithm.adv_estimator"),
     )
     std_normalise: bool = Field(
         True,
-        description="grpo only: divide by the group's reward std (GRPO). False = Dr. GRPO.",
+        description="grpo only: divide by the group's reward std (GRPO). False = Dr. GRPO. "
+        "TRL's scale_rewards 'group' / 'none' mean True / False.",
+        **peer_names(
+            "std_normalise", trl="scale_rewards", verl="algorithm.norm_adv_by_std_in_grpo"
+        ),
     )
     batch_norm: Literal["none", "scale", "whiten"] = Field(
         "none",
@@ -37,6 +54,14 @@ class AdvantageConfig(Section):
         "zero-signal groups at 0); whiten (subtract the batch mean too).",
     )
     eps: float = Field(1e-6, gt=0, description="ε added to standard deviations.")
+
+    @field_validator("std_normalise", mode="before")
+    @classmethod
+    def _trl_scale_rewards(cls, v: object) -> object:
+        """TRL's ``scale_rewards``: 'group' (GRPO) → True, 'none' (Dr. GRPO) → False."""
+        if v == "batch":
+            raise ValueError("scale_rewards='batch': use batch_norm='scale' (group std off)")
+        return {"group": True, "none": False}.get(v, v) if isinstance(v, str) else v
 
 
 class ObjectiveConfig(Section):
@@ -48,19 +73,32 @@ class ObjectiveConfig(Section):
         "seq_mis, geo_mask, decoupled, gspo (docs/objectives.md has each equation).",
     )
     clip_eps_low: float | None = Field(
-        0.2, ge=0, description="PPO clip ε_low: ratio floor 1 − ε_low (None: no clip)."
+        0.2,
+        ge=0,
+        description="PPO clip ε_low: ratio floor 1 − ε_low (None: no clip).",
+        **peer_names("clip_eps_low", trl="epsilon", verl=VERL_ACTOR + "clip_ratio_low"),
     )
     clip_eps_high: float | None = Field(
         0.28,
         ge=0,
         description="PPO clip ε_high: ratio ceiling 1 + ε_high (DAPO's clip-higher; None: no "
         "clip).",
+        **peer_names("clip_eps_high", trl="epsilon_high", verl=VERL_ACTOR + "clip_ratio_high"),
+    )
+    dual_clip: float | None = Field(
+        None,
+        gt=1,
+        description="Dual-clip PPO constant c > 1 (Ye et al. 2020): for A < 0 the surrogate "
+        "is max(PPO surrogate, c·A), bounding the loss of a token whose ratio exploded. "
+        "None: off (verl's default is 3).",
+        **peer_names("dual_clip", verl=VERL_ACTOR + "clip_ratio_c"),
     )
     is_cap: float | None = Field(
         2.0,
         gt=0,
         description="C: truncation cap of the behaviour weight (tis, seq_tis) or drop "
         "threshold (decoupled). None: untruncated.",
+        **peer_names("is_cap", trl="vllm_importance_sampling_cap"),
     )
     mask_low: float = Field(
         0.5, ge=0, description="α: lower edge of the kept ratio band (icepop, seq_mis, geo_mask)."
@@ -71,7 +109,9 @@ class ObjectiveConfig(Section):
     aggregation: LossAggregation = Field(
         "token_mean",
         description="token_mean: mean over all action tokens; seq_mean_token_mean: mean over "
-        "trajectories of their token mean; seq_sum_norm: Dr. GRPO, sum / (N · norm_tokens).",
+        "trajectories of their token mean; seq_sum_norm: Dr. GRPO, sum / (N · norm_tokens). "
+        "TRL's loss_type and verl's loss_agg_mode values are read too (AGGREGATION_NAMES).",
+        **peer_names("aggregation", trl="loss_type", verl=VERL_ACTOR + "loss_agg_mode"),
     )
     norm_tokens: int | None = Field(
         None,
@@ -80,14 +120,38 @@ class ObjectiveConfig(Section):
         "required for that aggregation.",
     )
     kl_coef: float = Field(
-        0.0, ge=0, description="β of the KL(π_θ‖π_ref) penalty to the initial policy (0: off)."
+        0.0,
+        ge=0,
+        description="β of the KL(π_θ‖π_ref) penalty to the initial policy (0: off).",
+        **peer_names("kl_coef", trl="beta", verl=VERL_ACTOR + "kl_loss_coef"),
     )
     kl_estimator: KLEstimator = Field(
-        "k3", description="Per-token KL estimator for the penalty: k1, k2 or k3."
+        "k3",
+        description="Per-token KL estimator for the penalty: k1, k2 or k3 (verl's kl, mse, "
+        "low_var_kl are read as k1, k2, k3).",
+        **peer_names("kl_estimator", verl=VERL_ACTOR + "kl_loss_type"),
+    )
+    entropy_coef: float = Field(
+        0.0,
+        ge=0,
+        description="c_H of the entropy bonus: the loss subtracts c_H · H̄, the entropy of π_θ "
+        "on action tokens aggregated like the policy term (0: off; costs a [tokens, vocab] "
+        "softmax with grad per chunk).",
+        **peer_names("entropy_coef", verl=VERL_ACTOR + "entropy_coeff"),
     )
     log_ratio_clamp: float = Field(
         20.0, gt=0, description="|log ratio| is clamped to this before exp (overflow guard)."
     )
+
+    @field_validator("aggregation", mode="before")
+    @classmethod
+    def _peer_aggregation(cls, v: object) -> object:
+        return AGGREGATION_NAMES.get(v, v) if isinstance(v, str) else v
+
+    @field_validator("kl_estimator", mode="before")
+    @classmethod
+    def _peer_kl(cls, v: object) -> object:
+        return {"kl": "k1", "mse": "k2", "low_var_kl": "k3"}.get(v, v) if isinstance(v, str) else v
 
     @model_validator(mode="after")
     def _check(self) -> ObjectiveConfig:

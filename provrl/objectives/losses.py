@@ -6,8 +6,10 @@ The per-token loss is (see :mod:`provrl.objectives.corrections` for r_t, c_t, M_
 
     \\ell_t = -c_t\\,\\min\\big(r_t A_t,\\ \\operatorname{clip}(r_t, 1-\\epsilon_{low},
     1+\\epsilon_{high})\\,A_t\\big) \\;+\\; \\beta\\,\\widehat{KL}_t(\\pi_\\theta\\|\\pi_{ref})
+    \\;-\\; c_H\\,H(\\pi_\\theta(\\cdot|h_t))
 
-and the batch loss is a weighted sum L = Σ_{b,t} ω_{bt} ℓ_{bt} with token weights ω from
+(with dual clip, :func:`dual_clip`, the min is further bounded below by c·A_t where
+A_t < 0; the entropy bonus c_H is off by default) and the batch loss is a weighted sum L = Σ_{b,t} ω_{bt} ℓ_{bt} with token weights ω from
 :func:`loss_token_weights`. Computing ω once for a whole minibatch and summing
 micro-batch losses gives exactly the minibatch loss (gradient accumulation is exact).
 
@@ -108,12 +110,32 @@ def clipped_surrogate(
     return torch.minimum(unclipped, clipped), clipped.detach() < unclipped.detach()
 
 
+def dual_clip(
+    surrogate: torch.Tensor, advantages: torch.Tensor, c: float
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Dual-clip PPO (Ye et al. 2020): for A_t < 0 the pessimistic surrogate is bounded
+    below by c·A_t, c > 1, so a token whose ratio exploded cannot dominate the loss.
+
+        o_t^dual = max(o_t, c·A_t)  if A_t < 0,   o_t otherwise
+
+    Returns the surrogate and where the bound is active (those tokens get no gradient)."""
+    bound = c * advantages
+    active = (advantages < 0) & (surrogate.detach() < bound.detach())
+    return torch.where(active, bound, surrogate), active
+
+
+def entropy_bonus(entropy: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
+    """H̄ = Σ ω_{bt} H_t: the entropy of π_θ(·|h_t) aggregated with the loss's token weights
+    (the loss subtracts c_H · H̄, so gradient descent raises the entropy)."""
+    return aggregate(entropy, weights)
+
+
 @dataclass
 class LossOutput:
     """The differentiable loss and what went into it (counts are over action tokens)."""
 
     loss: torch.Tensor
-    """Scalar Σ ω ℓ: policy term + β · KL term."""
+    """Scalar Σ ω ℓ: policy term + β · KL term − c_H · entropy term."""
     pg_loss: float
     """Policy-gradient part of ``loss``."""
     kl_loss: float
@@ -134,6 +156,8 @@ class LossOutput:
     """Σ c_t over kept tokens (mean weight = weight_sum / kept)."""
     weight_max: float
     """max c_t over kept tokens."""
+    entropy: float = 0.0
+    """H̄ of the entropy bonus before multiplying by c_H (0 when the bonus is off)."""
 
 
 def finite_mask(mask: torch.Tensor, *tensors: torch.Tensor | None) -> torch.Tensor:
@@ -155,11 +179,13 @@ def policy_loss(
     cfg: ObjectiveConfig,
     *,
     logp_ref: torch.Tensor | None = None,
+    entropy: torch.Tensor | None = None,
 ) -> LossOutput:
     """The full per-token loss of the module docstring, aggregated with ``token_weights``.
 
     ``advantages`` is per token ``[B, T]`` (a trajectory's A broadcast over its actions).
-    ``logp_ref`` (log π_ref, detached) is needed when ``cfg.kl_coef > 0``."""
+    ``logp_ref`` (log π_ref, detached) is needed when ``cfg.kl_coef > 0``; ``entropy``
+    (H(π_θ(·|h_t)) with grad) when ``cfg.entropy_coef > 0``."""
     if cfg.kl_coef > 0 and logp_ref is None:
         raise ValueError("kl_coef > 0 needs logp_ref (reference-policy logprobs)")
     finite = finite_mask(mask, logp, logprox, logq, advantages)
@@ -189,15 +215,28 @@ def policy_loss(
         clamp=cfg.log_ratio_clamp,
     )
     surrogate, clipped = clipped_surrogate(corr.ratio, adv_s, cfg.clip_eps_low, cfg.clip_eps_high)
+    if cfg.dual_clip is not None:
+        surrogate, dual = dual_clip(surrogate, adv_s, cfg.dual_clip)
+        clipped = clipped | dual
     pg = aggregate(-corr.weight * surrogate, torch.where(corr.mask, token_weights, 0.0))
     loss = pg
+    ent_val = 0.0
+    if cfg.entropy_coef > 0:
+        if entropy is None:
+            raise ValueError("entropy_coef > 0 needs the entropy of π_θ (with grad)")
+        ent_ok = ok & torch.isfinite(entropy.detach())
+        h = entropy_bonus(
+            torch.where(ent_ok, entropy, zeros), torch.where(ent_ok, token_weights, 0.0)
+        )
+        loss = loss - cfg.entropy_coef * h
+        ent_val = float(h.detach())
     kl_val = 0.0
     if cfg.kl_coef > 0:
         assert logp_ref is not None
         ref_s = torch.where(ok, logp_ref.detach(), zeros)
         kl_t = kl_estimate(logp_s, ref_s, cfg.kl_estimator, log_ratio_clamp=cfg.log_ratio_clamp)
         kl = aggregate(kl_t, torch.where(ok, token_weights, 0.0))
-        loss = pg + cfg.kl_coef * kl
+        loss = loss + cfg.kl_coef * kl
         kl_val = float(kl.detach())
     kept_w = corr.weight.detach()[corr.mask]
     return LossOutput(
@@ -211,4 +250,5 @@ def policy_loss(
         num_clipped=int((clipped & corr.mask).sum()),
         weight_sum=float(kept_w.sum()),
         weight_max=float(kept_w.max()) if kept_w.numel() else 0.0,
+        entropy=ent_val,
     )

@@ -6,8 +6,13 @@ from typing import Literal
 
 from pydantic import Field, model_validator
 
-from provrl.config import Section
-from provrl.objectives.config import AdvantageConfig, ObjectiveConfig, TRPOConfig
+from provrl.config import Section, peer_names
+from provrl.objectives.config import VERL_ACTOR, AdvantageConfig, ObjectiveConfig, TRPOConfig
+
+Schedule = Literal["cosine", "linear", "constant"]
+TRUNCATED_FINISHES = ("token_budget", "max_turns")
+"""Episode endings that cut a completion short (the token budget or the turn limit ran out
+before an answer): what ``mask_truncated`` drops from the loss."""
 
 
 class RLConfig(Section):
@@ -24,25 +29,81 @@ class RLConfig(Section):
         description="adamw: clipped-surrogate SGD epochs; trpo: one natural-gradient step "
         "with line search on the token surrogate (objective.clip_* ignored).",
     )
-    lr: float = Field(1e-6, gt=0, description="AdamW learning rate (after warmup).")
+    lr: float = Field(
+        1e-6,
+        gt=0,
+        description="AdamW learning rate (after warmup).",
+        **peer_names("lr", trl="learning_rate", verl=VERL_ACTOR + "optim.lr"),
+    )
     betas: tuple[float, float] = Field((0.9, 0.999), description="AdamW (β₁, β₂).")
-    weight_decay: float = Field(0.0, ge=0, description="AdamW decoupled weight decay.")
-    adam_eps: float = Field(1e-8, gt=0, description="AdamW ε.")
+    weight_decay: float = Field(
+        0.0,
+        ge=0,
+        description="AdamW decoupled weight decay.",
+        **peer_names("weight_decay", trl="weight_decay", verl=VERL_ACTOR + "optim.weight_decay"),
+    )
+    adam_eps: float = Field(
+        1e-8, gt=0, description="AdamW ε.", **peer_names("adam_eps", trl="adam_epsilon")
+    )
     warmup_steps: int = Field(
-        0, ge=0, description="Linear learning-rate warmup over this many optimizer steps."
+        0,
+        ge=0,
+        description="Linear learning-rate warmup over this many optimizer steps.",
+        **peer_names("warmup_steps", trl="warmup_steps", verl=VERL_ACTOR + "optim.lr_warmup_steps"),
+    )
+    lr_schedule: Schedule = Field(
+        "constant",
+        description="Learning-rate decay after warmup, from lr to min_lr_ratio · lr over "
+        "lr_decay_steps optimizer steps: constant, linear or cosine (provrl.train.schedule).",
+        **peer_names(
+            "lr_schedule", trl="lr_scheduler_type", verl=VERL_ACTOR + "optim.warmup_style"
+        ),
+    )
+    min_lr_ratio: float = Field(
+        0.0,
+        ge=0,
+        le=1,
+        description="Learning rate at the end of the decay, as a fraction of lr.",
+        **peer_names("min_lr_ratio", verl=VERL_ACTOR + "optim.min_lr_ratio"),
+    )
+    lr_decay_steps: int = Field(
+        0,
+        ge=0,
+        description="Optimizer steps the decay spans (warmup included; the learning rate stays "
+        "at min_lr_ratio · lr after). Required by a linear or cosine schedule.",
     )
     max_grad_norm: float | None = Field(
-        1.0, gt=0, description="Clip the global gradient norm to this (None: no clipping)."
+        1.0,
+        gt=0,
+        description="Clip the global gradient norm to this (None: no clipping).",
+        **peer_names("max_grad_norm", trl="max_grad_norm", verl=VERL_ACTOR + "grad_clip"),
     )
-    epochs: int = Field(1, ge=1, description="Passes over each batch of trajectories.")
+    epochs: int = Field(
+        1,
+        ge=1,
+        description="Passes over each batch of trajectories.",
+        **peer_names("epochs", trl="num_iterations", verl=VERL_ACTOR + "ppo_epochs"),
+    )
     minibatches: int = Field(
-        1, ge=1, description="Optimizer steps per epoch (the batch is split into this many)."
+        1,
+        ge=1,
+        description="Optimizer steps per epoch (the batch is split into this many). A count: "
+        "verl's ppo_mini_batch_size is a size (trajectories per step), so it is not an alias.",
+        **peer_names("minibatches", trl="steps_per_generation"),
     )
     micro_batch_size: int = Field(
         8,
         ge=1,
         description="Trajectories per forward/backward; gradients accumulate exactly over a "
         "minibatch. Bounds activation memory.",
+        **peer_names("micro_batch_size", verl=VERL_ACTOR + "ppo_micro_batch_size_per_gpu"),
+    )
+    mask_truncated: bool = Field(
+        False,
+        description="Drop trajectories cut short (TRUNCATED_FINISHES: token budget or turn "
+        "limit hit before an answer) from the loss; they still count in their group's "
+        "baseline.",
+        **peer_names("mask_truncated", trl="mask_truncated_completions"),
     )
     logprob_chunk_tokens: int = Field(
         1024,
@@ -75,6 +136,11 @@ class RLConfig(Section):
     def _check(self) -> RLConfig:
         if self.optimizer == "trpo" and (self.epochs != 1 or self.minibatches != 1):
             raise ValueError("optimizer trpo takes one step per batch: set epochs=1, minibatches=1")
+        if self.lr_schedule != "constant" and self.lr_decay_steps <= self.warmup_steps:
+            raise ValueError(
+                f"lr_schedule={self.lr_schedule} needs lr_decay_steps > warmup_steps "
+                f"(got {self.lr_decay_steps} and {self.warmup_steps})"
+            )
         return self
 
 
@@ -102,7 +168,12 @@ class SFTConfig(Section):
     max_traces: int = Field(
         0, ge=0, description="After selection, a seeded random subset of this size (0 = all)."
     )
-    epochs: int = Field(1, ge=1, description="Passes over the selected traces.")
+    epochs: int = Field(
+        1,
+        ge=1,
+        description="Passes over the selected traces.",
+        **peer_names("epochs", trl="num_train_epochs", verl="trainer.total_epochs"),
+    )
     batch_size: int = Field(
         8, ge=1, description="Trajectories per optimizer step (the last step may have fewer)."
     )
@@ -112,15 +183,29 @@ class SFTConfig(Section):
         description="Padded tokens (rows × longest row) per forward/backward; gradients "
         "accumulate exactly over a step. A longer trajectory runs alone.",
     )
-    lr: float = Field(5e-5, gt=0, description="Peak AdamW learning rate η (after warmup).")
-    schedule: Literal["cosine", "linear", "constant"] = Field(
-        "cosine", description="Learning-rate decay after warmup, from η to min_lr_ratio · η."
+    lr: float = Field(
+        5e-5,
+        gt=0,
+        description="Peak AdamW learning rate η (after warmup).",
+        **peer_names("lr", trl="learning_rate", verl="optim.lr"),
+    )
+    schedule: Schedule = Field(
+        "cosine",
+        description="Learning-rate decay after warmup, from η to min_lr_ratio · η.",
+        **peer_names("schedule", trl="lr_scheduler_type"),
     )
     warmup_steps: int = Field(
-        10, ge=0, description="Linear warmup from η/W to η over the first W optimizer steps."
+        10,
+        ge=0,
+        description="Linear warmup from η/W to η over the first W optimizer steps.",
+        **peer_names("warmup_steps", trl="warmup_steps", verl="optim.lr_warmup_steps"),
     )
     min_lr_ratio: float = Field(
-        0.1, ge=0, le=1, description="Learning rate at the last step, as a fraction of η."
+        0.1,
+        ge=0,
+        le=1,
+        description="Learning rate at the last step, as a fraction of η.",
+        **peer_names("min_lr_ratio", verl="optim.min_lr_ratio"),
     )
     betas: tuple[float, float] = Field((0.9, 0.95), description="AdamW (β₁, β₂).")
     weight_decay: float = Field(0.0, ge=0, description="AdamW decoupled weight decay.")

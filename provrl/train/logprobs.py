@@ -121,6 +121,20 @@ def _chunk_logprobs(
     return _picked_logprobs(head_logits(model, hidden) / temperature[:, None], targets)
 
 
+def entropy_from_logits(z: torch.Tensor) -> torch.Tensor:
+    """H(softmax(z)) = −Σ_v p_v log p_v per row of ``z [N, V]``, in nats (differentiable)."""
+    logp = torch.log_softmax(z, dim=-1)
+    return -(logp.exp() * logp).sum(-1)
+
+
+def _chunk_logprobs_entropy(
+    model: Any, hidden: torch.Tensor, targets: torch.Tensor, temperature: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """(log softmax(z)[y], H(softmax(z))) with z = head(h)/τ for one chunk, both with grad."""
+    z = head_logits(model, hidden) / temperature[:, None]
+    return _picked_logprobs(z, targets), entropy_from_logits(z)
+
+
 def token_logprobs_chunked(
     model: Any,
     input_ids: torch.Tensor,
@@ -133,6 +147,7 @@ def token_logprobs_chunked(
     top_p: torch.Tensor | float | None = None,
     top_k: torch.Tensor | int | None = None,
     with_log_softmax: bool = False,
+    entropy_grad: bool = False,
 ) -> TokenStats:
     """Same values as :func:`token_logprobs`, without ever materialising ``[B, T, V]``.
 
@@ -149,7 +164,8 @@ def token_logprobs_chunked(
     ``temperature`` may be a per-row ``[B]`` tensor. ``top_p``/``top_k`` (per row or scalar)
     turn on ``excluded_mass``; ``with_entropy`` turns on ``entropy``; ``with_log_softmax``
     turns on ``log_softmax`` (all three detached). Without grad each chunk's logits are
-    computed once and serve every requested quantity.
+    computed once and serve every requested quantity. ``entropy_grad`` computes ``entropy``
+    with grad instead (an entropy bonus in the loss), checkpointed like the logprobs.
 
     Supports causal LMs whose logits are ``lm_head(decoder(x))`` (optionally soft-capped):
     Llama, Qwen, Mistral, Gemma, SmolLM, …
@@ -184,14 +200,25 @@ def token_logprobs_chunked(
         tp_rows = tp.expand(B)[rows] if tp.ndim <= 1 else tp[rows, cols]
         tk_rows = tk.expand(B)[rows] if tk.ndim <= 1 else tk[rows, cols]
 
-    want_stats = with_entropy or want_support or with_log_softmax
+    grad_entropy = entropy_grad and torch.is_grad_enabled()
+    with_entropy = with_entropy or entropy_grad
+    detached_entropy = with_entropy and not grad_entropy
+    want_stats = detached_entropy or want_support or with_log_softmax
     pieces, ent, exc, full = [], [], [], []
     if with_log_softmax and h.shape[0] == 0:  # no positions: an empty [0, V]
         full.append(head_logits(model, h.detach()))
     for s in range(0, h.shape[0], chunk_tokens):
         sl = slice(s, s + chunk_tokens)
         if torch.is_grad_enabled():
-            lp = checkpoint(_chunk_logprobs, model, h[sl], y[sl], t_rows[sl], use_reentrant=False)
+            if grad_entropy:
+                lp, e = checkpoint(
+                    _chunk_logprobs_entropy, model, h[sl], y[sl], t_rows[sl], use_reentrant=False
+                )
+                ent.append(e)
+            else:
+                lp = checkpoint(
+                    _chunk_logprobs, model, h[sl], y[sl], t_rows[sl], use_reentrant=False
+                )
             pieces.append(lp)
             if not want_stats:
                 continue
@@ -201,9 +228,9 @@ def token_logprobs_chunked(
             z = head_logits(model, h[sl]) / t_rows[sl, None]
             pieces.append(_picked_logprobs(z, y[sl]))
         with torch.no_grad():
-            if with_entropy or with_log_softmax:
+            if detached_entropy or with_log_softmax:
                 logp_all = torch.log_softmax(z, dim=-1)
-                if with_entropy:
+                if detached_entropy:
                     ent.append(-(logp_all.exp() * logp_all).sum(-1))
                 if with_log_softmax:
                     full.append(logp_all)

@@ -43,13 +43,15 @@ from provrl.objectives.losses import LossOutput, loss_token_weights, policy_loss
 from provrl.objectives.trpo import TRPOStepInfo, subsample_index, trpo_step
 from provrl.provenance import ProvenanceError, Trajectory, TrajectoryBatch
 from provrl.report.metrics import MetricsWriter
-from provrl.train.config import RLConfig
+from provrl.train.config import TRUNCATED_FINISHES, RLConfig
 from provrl.train.logprobs import (
     check_teacher_forced,
+    check_tokenizer,
     head_logits,
     hidden_before,
     token_logprobs_chunked,
 )
+from provrl.train.schedule import lr_at
 
 
 # ============================================================================ 1. batch
@@ -66,6 +68,7 @@ class RLBatch:
     top_k: torch.Tensor  # [B] int64 sampling top_k (0 = off)
     kv_stale_frac: float  # action tokens that attended to KV older than their version
     traj_ids: list[str] = field(default_factory=list)
+    loss_rows: torch.Tensor | None = None  # [B] bool: rows the loss trains on (None: all)
 
     def to(self, device: torch.device) -> RLBatch:
         """The same batch with every tensor on ``device`` (the model's)."""
@@ -76,7 +79,8 @@ class RLBatch:
             name: getattr(self, name).to(device)
             for name in ("advantages", "token_advantages", "group_ids", "temperature")
         }
-        return dataclasses.replace(self, tb=tb, **moved)
+        rows = None if self.loss_rows is None else self.loss_rows.to(device)
+        return dataclasses.replace(self, tb=tb, loss_rows=rows, **moved)
 
     @property
     def size(self) -> int:
@@ -85,6 +89,21 @@ class RLBatch:
     @property
     def mask(self) -> torch.Tensor:
         return self.tb.action_mask
+
+    @property
+    def loss_mask(self) -> torch.Tensor:
+        """The action tokens the loss trains on: ``mask`` less the rows left out
+        (``mask_truncated``)."""
+        if self.loss_rows is None:
+            return self.tb.action_mask
+        return self.tb.action_mask & self.loss_rows[:, None]
+
+
+def truncated_rows(trajectories: Sequence[Trajectory]) -> torch.Tensor:
+    """[B] bool: trajectories cut short — ``meta['finish']`` in :data:`TRUNCATED_FINISHES`
+    (the token budget or the turn limit ran out before an answer). TRL's
+    ``mask_truncated_completions`` leaves such completions out of the loss."""
+    return torch.tensor([str(t.meta.get("finish")) in TRUNCATED_FINISHES for t in trajectories])
 
 
 def compute_advantages(
@@ -108,13 +127,18 @@ def prepare_batch(
     pad_token_id: int,
     vocab_size: int,
     cfg: AdvantageConfig,
+    mask_truncated: bool = False,
+    tokenizer: dict[str, str] | None = None,
 ) -> tuple[RLBatch, dict[str, float]]:
     """Validate, group by ``task_id``, compute advantages, pad. Returns the batch and its
-    reward / advantage metrics. Errors name the offending trajectory."""
+    reward / advantage metrics. Errors name the offending trajectory; a trajectory recorded
+    under another ``tokenizer`` (identity) than the model's is refused. ``mask_truncated``
+    keeps truncated trajectories in the group baselines but out of the loss."""
     if not trajectories:
         raise ValueError("RL step needs at least one trajectory")
     for t in trajectories:
         check_teacher_forced(t, vocab_size)
+        check_tokenizer(t, tokenizer, "RL step")
         if t.reward is None or not math.isfinite(t.reward):
             where = f"trajectory {t.traj_id!r} (task {t.task_id!r})"
             raise ProvenanceError(f"{where}: has no finite reward ({t.reward!r})")
@@ -140,6 +164,7 @@ def prepare_batch(
         top_k=torch.tensor([t.sampling.top_k for t in trajectories], dtype=torch.int64),
         kv_stale_frac=stale / max(1, int(tb.action_mask.sum())),
         traj_ids=[t.traj_id for t in trajectories],
+        loss_rows=~truncated_rows(trajectories) if mask_truncated else None,
     )
     metrics = {
         "reward_mean": float(rewards.mean()),
@@ -147,6 +172,7 @@ def prepare_batch(
         "adv_mean": float(a.mean()),
         "adv_abs_mean": float(a.abs().mean()),
         **adv_fns.zero_signal_fraction(rewards, group_ids),
+        "truncated_frac": float(truncated_rows(trajectories).float().mean()),
     }
     return batch, metrics
 
@@ -205,8 +231,12 @@ class RLTrainer:
         version: int = 0,
         metrics: MetricsWriter | None = None,
         ref_model: Any | None = None,
+        tokenizer: dict[str, str] | None = None,
     ) -> None:
         self.model = model
+        self.tokenizer = tokenizer
+        """The model's tokenizer identity (``lm.tokenizer_identity``): trajectories recorded
+        under another tokenizer are refused (None: not checked)."""
         self.cfg = cfg
         self.pad_token_id = pad_token_id
         self.version = version
@@ -241,6 +271,8 @@ class RLTrainer:
             pad_token_id=self.pad_token_id,
             vocab_size=self.vocab_size,
             cfg=self.cfg.advantages,
+            mask_truncated=self.cfg.mask_truncated,
+            tokenizer=self.tokenizer,
         )
         batch = batch.to(self.device)
         prox = self.proximal_pass(batch)
@@ -350,7 +382,7 @@ class RLTrainer:
             for mb in order.tensor_split(min(cfg.minibatches, batch.size)):
                 weights = torch.zeros_like(batch.tb.behaviour_logprobs)
                 weights[mb] = loss_token_weights(
-                    batch.mask[mb],
+                    batch.loss_mask[mb],
                     cfg.objective.aggregation,
                     norm_tokens=cfg.objective.norm_tokens,
                 )
@@ -390,23 +422,25 @@ class RLTrainer:
         """Loss of one micro-batch (with grad); ``weights`` are the minibatch's ω."""
         ids, attn, act, L = self._slice(batch, rows)
         with self._autocast():
-            logp = token_logprobs_chunked(
+            stats = token_logprobs_chunked(
                 self.model,
                 ids,
                 attn,
                 positions=act,
                 temperature=batch.temperature[rows],
                 chunk_tokens=self.cfg.logprob_chunk_tokens,
-            ).logprobs
+                entropy_grad=objective.entropy_coef > 0,
+            )
         return policy_loss(
-            logp,
+            stats.logprobs,
             _cut(prox.logprobs, rows, L),
             _cut(batch.tb.behaviour_logprobs, rows, L),
             _cut(batch.token_advantages, rows, L),
-            act,
+            _cut(batch.loss_mask, rows, L),
             _cut(weights, rows, L),
             objective,
             logp_ref=None if prox.ref_logprobs is None else _cut(prox.ref_logprobs, rows, L),
+            entropy=stats.entropy,
         )
 
     def _clip_gradients(self) -> float:
@@ -414,11 +448,15 @@ class RLTrainer:
         return float(torch.nn.utils.clip_grad_norm_(self.params, max_norm))
 
     def _set_lr(self) -> None:
+        """The scheduled learning rate of the next optimizer step (warmup, then decay)."""
         assert self.optimizer is not None
-        warm = self.cfg.warmup_steps
-        scale = min(1.0, (self.optimizer_steps + 1) / warm) if warm > 0 else 1.0
+        c = self.cfg
+        lr = lr_at(
+            self.optimizer_steps, c.lr_decay_steps, c.lr, c.warmup_steps, c.lr_schedule,
+            c.min_lr_ratio,
+        )  # fmt: skip
         for group in self.optimizer.param_groups:
-            group["lr"] = self.cfg.lr * scale
+            group["lr"] = lr
 
     # ------------------------------------------------------------------ 4b. TRPO update
     def trpo_update(self, batch: RLBatch, prox: Proximal) -> dict[str, float]:
@@ -431,7 +469,7 @@ class RLTrainer:
         )
         all_rows = torch.arange(batch.size)
         weights = loss_token_weights(
-            batch.mask, objective.aggregation, norm_tokens=objective.norm_tokens
+            batch.loss_mask, objective.aggregation, norm_tokens=objective.norm_tokens
         )
         totals: dict[str, float] = {}
 
@@ -527,7 +565,7 @@ class RLTrainer:
 
 # ============================================================================ metrics helpers
 def _accumulate(totals: dict[str, float], out: LossOutput) -> None:
-    for key in ("pg_loss", "kl_loss"):
+    for key in ("pg_loss", "kl_loss", "entropy"):
         totals[key] = totals.get(key, 0.0) + getattr(out, key)
     totals["loss"] = totals.get("loss", 0.0) + float(out.loss.detach())
     for key in (
@@ -552,6 +590,7 @@ def _summarise(totals: dict[str, float], n_steps: int) -> dict[str, float]:
         "loss": totals["loss"] / n_steps,
         "pg_loss": totals["pg_loss"] / n_steps,
         "kl_ref": totals["kl_loss"] / n_steps,
+        "entropy_bonus": totals["entropy"] / n_steps,
         "clip_frac": totals["num_clipped"] / kept,
         "masked_frac": totals["num_masked"] / tokens,
         "nonfinite_tokens": totals["num_nonfinite"],

@@ -54,6 +54,7 @@ from provrl.provenance import ProvenanceError, Trajectory, TrajectoryBatch
 from provrl.report.metrics import MetricsWriter
 from provrl.train.config import SFTConfig
 from provrl.train.logprobs import check_teacher_forced, check_tokenizer, token_logprobs_chunked
+from provrl.train.schedule import lr_at as schedule_lr
 
 
 # ============================================================================ 0. load
@@ -253,16 +254,9 @@ def lr_at(step: int, total_steps: int, cfg: SFTConfig) -> float:
     * then, with p = (s − W) / max(1, S − W − 1) ∈ [0, 1] and r = ``min_lr_ratio``:
       cosine η_s = η · [r + (1 − r) · ½ (1 + cos π p)];  linear η_s = η · [1 − (1 − r) p];
       constant η_s = η.
-    """
-    eta, W, r = cfg.lr, cfg.warmup_steps, cfg.min_lr_ratio
-    if step < W:
-        return eta * (step + 1) / W
-    if cfg.schedule == "constant":
-        return eta
-    p = min(1.0, max(0.0, (step - W) / max(1, total_steps - W - 1)))
-    if cfg.schedule == "cosine":
-        return eta * (r + (1 - r) * 0.5 * (1 + math.cos(math.pi * p)))
-    return eta * (1 - (1 - r) * p)
+
+    (:func:`provrl.train.schedule.lr_at`, which the RL trainer shares.)"""
+    return schedule_lr(step, total_steps, cfg.lr, cfg.warmup_steps, cfg.schedule, cfg.min_lr_ratio)
 
 
 # ============================================================================ the run
