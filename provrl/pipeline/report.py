@@ -1,7 +1,8 @@
 """``provrl report RUN``: the run's results as Markdown + PNG (also written at the end of a run).
 
 Sections: held-out test accuracy and tool calls per solved task for every evaluated policy
-(binomial standard errors, SE = √(p̂(1−p̂)/(n·k))); RL curves (reward, batch accuracy, tool
+(binomial standard errors, SE = √(p̂(1−p̂)/(n·k)), and the task-clustered SE; RL vs warm start
+paired over tasks); the probe-and-filter verdict; RL curves (reward, batch accuracy, tool
 calls per step); the version-lag histogram of trained tokens; importance-weight statistics
 (ESS of w(τ), KL(q‖π), clip fraction); engine and trainer throughput and idle fractions;
 wall time per stage; one mixed-version trajectory, token by token.
@@ -18,6 +19,9 @@ from typing import Any
 import numpy as np
 
 from provrl.pipeline.rl_loop import read_steps
+from provrl.pipeline.stages import paired_difference, solved_efficiency
+
+nan = float("nan")
 
 ORDER = ("base", "warmstart", "selfsft", "rl")
 IS_KEYS = (
@@ -45,20 +49,29 @@ def write_report(run_dir: str | Path) -> Path:
     md = [f"# provrl run report — `{run}`", ""]
 
     # 1. held-out results --------------------------------------------------------------
-    names = [n for n in ORDER if n in ev]
+    names = [n for n in ORDER if n in ev and isinstance(ev[n], dict)]
+    for n in names:
+        if "task_accuracy" not in ev[n] and (run / "eval" / n / "trajectories.jsonl").is_file():
+            from provrl.trajlog import read_all
+
+            ev[n] |= solved_efficiency(read_all(run / "eval" / n / "trajectories.jsonl"))
     if names:
         md += [
             "## Test split (never trained or filtered on)",
             "",
-            "| policy | accuracy ± SE | tool calls / solved task | tool calls / episode | "
+            "| policy | accuracy ± SE (samples) ± SE (tasks) | tool calls / solved task | "
+            "oracle min of those tasks | excess calls | tool calls / episode | "
             "tokens / episode | answered | tasks × k |",
-            "| --- | --- | --- | --- | --- | --- | --- |",
+            "| --- | --- | --- | --- | --- | --- | --- | --- | --- |",
         ]
         for n in names:
             e = ev[n]
             md.append(
-                f"| {n} | {e['accuracy']:.3f} ± {e.get('accuracy_se', float('nan')):.3f} | "
-                f"{e.get('mean_tool_calls_solved', float('nan')):.2f} | "
+                f"| {n} | {e['accuracy']:.3f} ± {e.get('accuracy_se', nan):.3f} ± "
+                f"{e.get('accuracy_se_tasks', nan):.3f} | "
+                f"{e.get('mean_tool_calls_solved', nan):.2f} | "
+                f"{e.get('oracle_min_tool_calls_solved', nan):.2f} | "
+                f"{e.get('excess_tool_calls_solved', nan):+.0%} | "
                 f"{e['mean_tool_calls']:.2f} | {e['mean_tokens']:.0f} | "
                 f"{e['answered_rate']:.2f} | {e['n']} × {e['k']} |"
             )
@@ -78,22 +91,38 @@ def write_report(run_dir: str | Path) -> Path:
                 for t in tiers:
                     b = ev[n]["per_tier"][t]
                     cells.append(
-                        f"{b['accuracy']:.3f} ({b.get('mean_tool_calls_solved', float('nan')):.2f})"
+                        f"{b['accuracy']:.3f} ({b.get('mean_tool_calls_solved', nan):.2f})"
                     )
                 md.append(f"| {n} | " + " | ".join(cells) + " |")
         if "warmstart" in ev and "rl" in ev:
-            w, r = ev["warmstart"], ev["rl"]
-            se = math.hypot(w.get("accuracy_se", 0.0), r.get("accuracy_se", 0.0))
-            d_acc = r["accuracy"] - w["accuracy"]
-            cw, cr = w.get("mean_tool_calls_solved"), r.get("mean_tool_calls_solved")
-            cut = 1 - cr / cw if cw and cr and cw == cw and cr == cr else float("nan")
+            md += ["", rl_vs_warmstart(ev["warmstart"], ev["rl"])]
+        md += ["", f"![test results]({_plot_eval(ev, names, out).name})", ""]
+
+    # filter -----------------------------------------------------------------------------
+    filt = _load(run, "filter")
+    if filt:
+        lo, hi = filt.get("band", [1, filt["k"] - 1])
+        md += [
+            "## Probe and filter",
+            "",
+            f"k = {filt['k']} probes per task; kept band {lo} ≤ K ≤ {hi}; K histogram "
+            f"{filt['K_histogram']}; pools: "
+            + ", ".join(f"{p} {n}" for p, n in filt["sizes"].items())
+            + ".",
+        ]
+        r = filt.get("retention")
+        if r:
+            b = r["beta_prior"]
             md += [
                 "",
-                f"**RL vs warm start:** accuracy {d_acc * 100:+.1f} points (± {se * 100:.1f}, "
-                f"{d_acc / se if se else float('nan'):+.1f} SE); tool calls per solved task "
-                f"{cw:.2f} → {cr:.2f} ({cut:+.0%} cut).",
+                f"Kept fraction {r['observed_kept_frac']:.3f} ± {r['observed_kept_frac_se']:.3f} "
+                f"observed, {r['predicted_kept_frac']:.3f} predicted by the fitted "
+                f"Beta({b['a']:.3g}, {b['b']:.3g}) prior; "
+                f"{r['kept_per_probe_rollout']:.4f} tasks kept per probe rollout.",
+                "",
+                "![retention](../filter/retention.png)",
             ]
-        md += ["", f"![test results]({_plot_eval(ev, names, out).name})", ""]
+        md.append("")
 
     # 2. RL curves, lag, importance weights ---------------------------------------------
     if steps:
@@ -137,6 +166,26 @@ def write_report(run_dir: str | Path) -> Path:
     path = out / "report.md"
     path.write_text("\n".join(md))
     return path
+
+
+def rl_vs_warmstart(w: dict[str, Any], r: dict[str, Any]) -> str:
+    """The headline: accuracy difference (paired over tasks when both have per-task
+    accuracies) and the cut in tool calls per solved task."""
+    if "task_accuracy" in w and "task_accuracy" in r:
+        pd = paired_difference(w["task_accuracy"], r["task_accuracy"])
+        d_acc, se, how = pd["diff"], pd["se"], f"paired over {pd['tasks']:.0f} tasks"
+    else:
+        d_acc = r["accuracy"] - w["accuracy"]
+        se, how = math.hypot(w.get("accuracy_se", 0.0), r.get("accuracy_se", 0.0)), "binomial"
+    cw, cr = w.get("mean_tool_calls_solved", nan), r.get("mean_tool_calls_solved", nan)
+    cut = 1 - cr / cw if cw and cw == cw and cr == cr else nan
+    ex = r.get("excess_tool_calls_solved", nan)
+    return (
+        f"**RL vs warm start:** accuracy {d_acc * 100:+.1f} points (SE {se * 100:.1f}, {how}; "
+        f"{d_acc / se if se else nan:+.1f} SE); tool calls per solved task {cw:.2f} → "
+        f"{cr:.2f} ({cut:+.0%} cut); RL's solved episodes use {ex:+.0%} calls over the oracle "
+        "minimum of their tasks."
+    )
 
 
 def _mixed_trajectory(run: Path) -> str | None:

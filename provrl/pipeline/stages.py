@@ -8,8 +8,11 @@ from __future__ import annotations
 
 import json
 import math
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
+
+import numpy as np
 
 from provrl.env.tasks import Task, load_tasks
 from provrl.pipeline.rundir import RunDir
@@ -120,7 +123,10 @@ def evaluate_policy(
         dtype=cfg.model.dtype,
         engine_cfg=_engine_cfg(cfg, e.concurrency),
     )
-    return out | binomial_summary(out)
+    from provrl.trajlog import read_all
+
+    trajs = read_all(run.root / "eval" / name / "trajectories.jsonl")
+    return out | binomial_summary(out) | solved_efficiency(trajs)
 
 
 def binomial_summary(ev: dict[str, Any]) -> dict[str, Any]:
@@ -128,6 +134,44 @@ def binomial_summary(ev: dict[str, Any]) -> dict[str, Any]:
     n = ev["samples"] if "samples" in ev else ev["n"] * ev["k"]
     p = ev["accuracy"]
     return {"accuracy_se": math.sqrt(max(p * (1 - p), 0.0) / max(n, 1))}
+
+
+def solved_efficiency(trajs: Sequence[Any]) -> dict[str, Any]:
+    """Per-task accuracy (for paired comparisons and the task-clustered standard error
+    SE = sd_i(K_i/k)/√n, which the sample-level binomial SE understates), and tool calls of
+    solved episodes against the oracle minimum *of the same episodes' tasks* — so a policy
+    that starts solving two-hop tasks is not counted as wasting calls."""
+    by_task: dict[str, list[float]] = {}
+    calls, mins = [], []
+    for t in trajs:
+        em = float(t.metrics.get("exact_match", 0.0))
+        by_task.setdefault(t.task_id, []).append(em)
+        if em > 0:
+            calls.append(float(t.metrics["num_tool_calls"]))
+            mins.append(float(t.metrics["min_searches"]))
+    acc = {task: float(np.mean(v)) for task, v in by_task.items()}
+    a = np.array(list(acc.values()))
+    n = len(a)
+    c, m = (float(np.mean(calls)), float(np.mean(mins))) if calls else (math.nan, math.nan)
+    return {
+        "task_accuracy": acc,
+        "accuracy_se_tasks": float(a.std(ddof=1) / math.sqrt(n)) if n > 1 else math.nan,
+        "oracle_min_tool_calls_solved": m,
+        "excess_tool_calls_solved": c / m - 1 if calls and m > 0 else math.nan,
+    }
+
+
+def paired_difference(a: dict[str, float], b: dict[str, float]) -> dict[str, float]:
+    """b − a over the tasks both evaluated: mean and its paired SE sd(d_i)/√n."""
+    common = sorted(set(a) & set(b))
+    d = np.array([b[t] - a[t] for t in common])
+    if len(d) < 2:
+        return {"diff": math.nan, "se": math.nan, "tasks": float(len(d))}
+    return {
+        "diff": float(d.mean()),
+        "se": float(d.std(ddof=1) / math.sqrt(len(d))),
+        "tasks": float(len(d)),
+    }
 
 
 def _env_for(cfg: RunConfig, *, concurrency: int) -> Any:

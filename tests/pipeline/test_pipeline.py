@@ -94,6 +94,9 @@ def test_quick_run_end_to_end_async(tmp_path):
     _check_consistent(tmp_path)
     report = (tmp_path / "report" / "report.md").read_text()
     assert "Test split" in report and (tmp_path / "report" / "rl_curves.png").is_file()
+    assert "Probe and filter" in report and "paired over 4 tasks" in report
+    assert (tmp_path / "filter" / "retention.png").is_file() and "retention" in pools
+    assert set(ev["rl"]["task_accuracy"]) == set(ev["warmstart"]["task_accuracy"])
     # a rerun of the finished run does nothing new and duplicates nothing
     n = len(read_all(tmp_path / "rl" / "trajectories.jsonl"))
     _run(tmp_path)
