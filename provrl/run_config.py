@@ -6,10 +6,12 @@
 
 from __future__ import annotations
 
+from typing import Literal
+
 from pydantic import Field
 
 from provrl.classic.config import ClassicTRPOConfig
-from provrl.config import Section
+from provrl.config import Section, peer_names
 from provrl.engine.config import EngineConfig
 from provrl.env.config import EnvConfig
 from provrl.pipeline.config import PipelineConfig
@@ -27,6 +29,18 @@ class ModelConfig(Section):
 class LoggingConfig(Section):
     run_dir: str = Field("runs/default", description="Directory for logs, metrics, plots.")
     tensorboard: bool = Field(True, description="Also write TensorBoard event files.")
+    report_to: list[Literal["tensorboard", "wandb", "mlflow"]] = Field(
+        default_factory=list,
+        description="Trackers that also receive every metric, through their own libraries "
+        "(wandb, mlflow: pip install 'provrl[tracking]'; WANDB_MODE / MLFLOW_TRACKING_URI "
+        "are honoured).",
+        **peer_names("report_to", trl="report_to", verl="trainer.logger"),
+    )
+    project: str = Field(
+        "provrl",
+        description="W&B project / MLflow experiment name.",
+        **peer_names("project", verl="trainer.project_name"),
+    )
     progress: bool = Field(True, description="Show progress bars (rich/tqdm).")
 
 

@@ -150,12 +150,14 @@ def evaluate(
     engine_cfg: Any = None,
     progress: bool = True,
     dtype: str = "float32",
+    plot: bool = True,
 ) -> dict[str, Any]:
     """Evaluate ``policy`` (``oracle``, a model name or a checkpoint dir) on a split of the
     world, or on the tasks of ``tasks_file`` (provrl task records or plain QA records,
     :func:`provrl.env.tasks.read_task_file`) with whatever search backend ``cfg.search``
     names. The oracle's traces are tokenized with ``tokenizer`` (a model name or dir: the
-    policy they are meant to teach)."""
+    policy they are meant to teach). ``plot`` draws ``run_dir/eval.png`` (pass@j, the K
+    histogram)."""
     from provrl.env.agent import AgentEnv, oracle_trajectory, tools_identity
     from provrl.env.build import load_split
     from provrl.env.oracle import run_oracle
@@ -286,6 +288,10 @@ def evaluate(
         "wall_s": round(wall, 3),
         "trajectories": str(run / "trajectories.jsonl"),
     }
+    if plot and summary["samples"]:
+        from provrl.report.plots import plot_eval
+
+        summary["plot"] = str(plot_eval(summary, run / "eval.png"))
     (run / "eval.json").write_text(json.dumps(summary, indent=2))
     with MetricsWriter(run, tensorboard=False) as mw:
         flat = {

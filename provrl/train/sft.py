@@ -452,6 +452,8 @@ def run_sft(
     summary["checkpoint"] = str(out)
     summary["run_dir"] = str(run)
     if plot:
+        from provrl.report.plots import plot_sft_loss
+
         summary["plot"] = str(plot_sft_loss(result.losses, run / "sft_loss.png", model))
     (run / "sft.json").write_text(json.dumps(summary, indent=2))
     return summary
@@ -468,27 +470,6 @@ def save_sft_checkpoint(
     model.eval()
     meta = {k: v for k, v in summary.items() if k != "losses"}
     return save_checkpoint(model, tokenizer, out, kind="sft", **meta)
-
-
-def plot_sft_loss(losses: Sequence[float], path: str | os.PathLike[str], title: str) -> Path:
-    """PNG of the training loss per optimizer step (skipped steps leave gaps)."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig, ax = plt.subplots(figsize=(6, 4), dpi=120)
-    ax.plot(np.arange(1, len(losses) + 1), np.asarray(losses, dtype=float), color="tab:blue")
-    ax.set_xlabel("optimizer step")
-    ax.set_ylabel("action-token NLL (nats)")
-    ax.set_title(f"SFT loss — {title}")
-    ax.grid(alpha=0.3)
-    fig.tight_layout()
-    fig.savefig(path)
-    plt.close(fig)
-    return path
 
 
 def _progress(total: int, enabled: bool) -> Any:

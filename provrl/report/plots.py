@@ -1,0 +1,74 @@
+"""PNG figures of the SFT and eval commands (matplotlib, Agg; the run report and the TRPO /
+theory commands draw their own)."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+
+def _pyplot() -> Any:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    return plt
+
+
+def plot_sft_loss(losses: Sequence[float], path: str | os.PathLike[str], title: str) -> Path:
+    """The training loss per optimizer step (a skipped step leaves a gap)."""
+    plt = _pyplot()
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig, ax = plt.subplots(figsize=(6, 4), dpi=120)
+    ax.plot(np.arange(1, len(losses) + 1), np.asarray(losses, dtype=float), color="tab:blue")
+    ax.set_xlabel("optimizer step")
+    ax.set_ylabel("action-token NLL (nats)")
+    ax.set_title(f"SFT loss — {title}")
+    ax.grid(alpha=0.3)
+    fig.tight_layout()
+    fig.savefig(path)
+    plt.close(fig)
+    return path
+
+
+def plot_eval(summary: Mapping[str, Any], path: str | os.PathLike[str]) -> Path:
+    """An evaluation at a glance: pass@j against j (with the accuracy), and the histogram of
+    K = successes per task out of k — the spread that probing and filtering act on."""
+    plt = _pyplot()
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    k = int(summary["k"])
+    fig, (left, right) = plt.subplots(1, 2, figsize=(9, 3.6), dpi=120)
+    js = sorted(int(key.split("@")[1]) for key in summary if key.startswith("pass@"))
+    left.plot(js, [summary[f"pass@{j}"] for j in js], "o-", color="tab:blue", label="pass@j")
+    left.axhline(summary["accuracy"], color="tab:green", ls="--", label="accuracy")
+    left.set_xscale("log", base=2)
+    left.set_xticks(js, [str(j) for j in js])
+    left.set_ylim(0, 1.02)
+    left.set_xlabel("j (samples)")
+    left.set_ylabel("fraction of tasks")
+    left.legend(fontsize=8, loc="lower right")
+    left.grid(alpha=0.3)
+    hist = summary.get("K_histogram", {})
+    ks = np.arange(k + 1)
+    right.bar(ks, [hist.get(str(j), 0) for j in ks], color="tab:orange")
+    right.set_xticks(ks)
+    right.set_xlabel(f"K = successes out of k = {k}")
+    right.set_ylabel("tasks")
+    right.grid(alpha=0.3, axis="y")
+    where = summary.get("tasks_file") or summary.get("split")
+    fig.suptitle(
+        f"eval {summary['policy']} on {where}: n = {summary['n']}, "
+        f"accuracy {summary['accuracy']:.3f}, {summary['mean_tool_calls']:.2f} tool calls",
+        fontsize=9,
+    )
+    fig.tight_layout()
+    fig.savefig(path)
+    plt.close(fig)
+    return path
