@@ -31,7 +31,9 @@ safe-pruning idea of WAND / max-score (Broder et al. 2003; Turtle & Flood 1995).
 The index is built once per corpus and cached on disk next to it as
 ``index-<key>.sqlite`` (the key hashes the corpus sha256, tokenizer and schema); it is
 written to a temporary file and renamed, so a crash never leaves a half-built index under
-the final name. Connections are per thread and read-only.
+the final name. Connections are per thread and read-only; a thread's connection is closed
+once the thread has exited (when the next thread opens one), so a server whose worker pool
+recycles threads does not accumulate connections and their page caches.
 
 **Bounded work per query.** A query is cut off before index work if it is longer than
 ``max_query_chars`` or has more than ``max_terms`` distinct terms
@@ -224,7 +226,7 @@ class SqliteSearch:
         self.max_query_chars, self.max_terms = max_query_chars, max_terms
         self.time_budget_s = float(time_budget_s)
         self._local = threading.local()
-        self._all: list[sqlite3.Connection] = []
+        self._all: dict[threading.Thread, sqlite3.Connection] = {}
         self._lock = threading.Lock()
         con = self._con()
         meta = dict(con.execute("SELECT key, value FROM meta").fetchall())
@@ -255,8 +257,18 @@ class SqliteSearch:
             con.set_progress_handler(self._over_budget, _PROGRESS_STEPS)
             self._local.con = con
             with self._lock:
-                self._all.append(con)
+                # close the connections of threads that have exited (a server's worker
+                # pool recycles threads; each kept connection would keep its page cache)
+                for th in [th for th in self._all if not th.is_alive()]:
+                    self._all.pop(th).close()
+                self._all[threading.current_thread()] = con
         return con
+
+    @property
+    def num_connections(self) -> int:
+        """Open per-thread connections (at most the live threads that searched, plus one)."""
+        with self._lock:
+            return len(self._all)
 
     def _over_budget(self) -> int:
         """SQLite progress handler: nonzero aborts the running statement (this thread's)."""
@@ -446,7 +458,7 @@ class SqliteSearch:
 
     def close(self) -> None:
         with self._lock:
-            for con in self._all:
+            for con in self._all.values():
                 con.close()
             self._all.clear()
         self._local = threading.local()

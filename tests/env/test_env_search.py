@@ -100,3 +100,20 @@ def test_concurrent_searches_agree(small_search, small_world):
     for t in threads:
         t.join()
     assert all(v == want for v in got.values())
+
+
+def test_connections_of_exited_threads_are_closed(small_world):
+    """A server's worker pool recycles threads; every connection used to stay open (with
+    its page cache), so RSS grew without bound under steady load."""
+    import threading
+
+    from provrl.env.sqlite_index import SqliteSearch, cached_index
+
+    s = SqliteSearch(cached_index(small_world))
+    for _ in range(30):
+        th = threading.Thread(target=s.search, args=("people born in the city", 3))
+        th.start()
+        th.join()
+    assert s.num_connections <= 2  # this thread's and the last worker's
+    s.close()
+    assert s.num_connections == 0
