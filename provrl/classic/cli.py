@@ -39,6 +39,9 @@ def trpo(
     ] = False,
 ) -> None:
     """Train TRPO on a gymnasium environment; write metrics, a learning curve and the agent."""
+    from provrl.extras import require
+
+    require("gymnasium", "classic", "provrl trpo")
     from provrl.classic.config import config_for
     from provrl.classic.plot import plot_learning_curve
     from provrl.classic.train import evaluate, save_agent, train

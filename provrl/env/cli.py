@@ -81,7 +81,7 @@ def serve_search(
     host: Annotated[
         str, typer.Option(help="Interface to bind (127.0.0.1 = local only).")
     ] = "127.0.0.1",
-    port: Annotated[int, typer.Option(help="TCP port.")] = 8765,
+    port: Annotated[int, typer.Option(help="TCP port.", min=0, max=65535)] = 8765,
     k: Annotated[int, typer.Option(help="Default topk when a request has none.")] = _S.k,
     max_topk: Annotated[
         int, typer.Option(help="Largest topk a request may ask for.")
@@ -109,6 +109,10 @@ def serve_search(
     ] = None,
 ) -> None:
     """Serve the search index over HTTP with the Search-R1 / FlashRAG /retrieve protocol."""
+    from provrl.extras import require
+
+    for module in ("fastapi", "uvicorn"):
+        require(module, "serve", "provrl serve-search")
     from provrl.env.config import LatencyConfig
     from provrl.env.http_search import serve
     from provrl.env.latency import LatencyModel, WithLatency
