@@ -205,6 +205,13 @@ def one_line(e: BaseException) -> str:
     return msg
 
 
+def _close_progress_bars() -> None:
+    """Finish any tqdm bar a failed command left open, so the error starts its own line."""
+    tqdm = sys.modules.get("tqdm")
+    for bar in list(getattr(getattr(tqdm, "tqdm", None), "_instances", ())):
+        bar.close()
+
+
 def _warning_line(message: Warning | str, category: type[Warning], *_: Any, **__: Any) -> str:
     return f"provrl: warning: {' '.join(str(message).split())}\n"
 
@@ -232,6 +239,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         typer.echo("provrl: aborted", err=True)
         return 130
     except EXPECTED_ERRORS as e:
+        _close_progress_bars()
         if debug:
             traceback.print_exc()
         typer.echo(f"provrl: error: {one_line(e)}", err=True)

@@ -111,6 +111,8 @@ def _cases(tmp_path):
         ),
         "bad field value": (["eval", "--split", "bogus", "--world", str(world)], "field 'split'"),
         "usage": (["eval", "--n", "many"], "Invalid value for '--n'"),
+        "port out of range": (["serve-search", "--port", "99999999"], "'--port'"),  # was a
+        # 95-line OverflowError traceback from bind()
     }
 
 
