@@ -135,6 +135,28 @@ def trajectories_show(
     show_trajectories(file, limit=limit, table=table, max_tokens=max_tokens, tokenizer=tokenizer)
 
 
+@traj_app.command("export")
+def trajectories_export(
+    file: Annotated[Path, typer.Argument(help="A trajectory log (.jsonl).", exists=True)],
+    out: Annotated[
+        Path | None, typer.Option(help="Output file (default: FILE with .parquet).")
+    ] = None,
+    fmt: Annotated[
+        str, typer.Option("--format", help="parquet (one row per trajectory).")
+    ] = "parquet",
+) -> None:
+    """Export a trajectory log as Parquet (pandas, polars, DuckDB, datasets read it)."""
+    from provrl.extras import require
+
+    if fmt != "parquet":
+        raise typer.BadParameter(f"--format {fmt!r}: only parquet")
+    require("pyarrow", "export", "provrl trajectories export")
+    from provrl.report.export import export_parquet
+
+    summary = export_parquet(file, out or file.with_suffix(".parquet"))
+    typer.echo(json.dumps(summary))
+
+
 # ----------------------------------------------------------------------------- bench
 @bench_app.command("log")
 def bench_log(
@@ -223,7 +245,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     end = args.index("--") if "--" in args else len(args)
     debug = "--debug" in args[:end] or os.environ.get("PROVRL_DEBUG", "") not in ("", "0")
     args = [a for i, a in enumerate(args) if i >= end or a != "--debug"]
-    warnings.formatwarning = _warning_line
+    fmt, warnings.formatwarning = warnings.formatwarning, _warning_line
+    try:
+        return _run(args, debug)
+    finally:
+        warnings.formatwarning = fmt
+
+
+def _run(args: list[str], debug: bool) -> int:
     try:
         code = app(args=args, prog_name="provrl", standalone_mode=False)
     except TyperException as e:  # click's usage errors: one line, not click's box
