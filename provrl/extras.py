@@ -6,6 +6,7 @@ what only some commands need::
     serve     fastapi, uvicorn        provrl serve-search (the /retrieve service)
     classic   gymnasium               provrl trpo (gymnasium control)
     tracking  wandb, mlflow-skinny    logging.report_to: [wandb, mlflow]
+    export    pyarrow                 provrl trajectories export --format parquet
 """
 
 from __future__ import annotations
