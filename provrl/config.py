@@ -24,10 +24,10 @@ from __future__ import annotations
 import contextlib
 import reprlib
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Annotated, Any, TypeVar
 
 import yaml
-from pydantic import AliasChoices, BaseModel, ConfigDict, ValidationError
+from pydantic import AfterValidator, AliasChoices, BaseModel, ConfigDict, ValidationError
 
 CONFIG_DIR = Path(__file__).resolve().parent.parent / "configs"
 MAX_CONFIG_BYTES = 1 << 20
@@ -49,6 +49,32 @@ class Section(BaseModel):
 
 
 C = TypeVar("C", bound=BaseModel)
+
+
+def check_device(device: str) -> str:
+    """``device`` if this machine's torch can use it, else ``ValueError`` saying why (so
+    ``device=cuda`` on a CPU-only build is a config error naming the key, not an
+    AssertionError deep in torch). torch is imported only for a device other than cpu."""
+    if device == "cpu":
+        return device
+    import torch
+
+    try:
+        d = torch.device(device)
+    except (RuntimeError, ValueError) as e:
+        raise ValueError(f"not a torch device: {device!r} ({e})") from None
+    if d.type == "cuda":
+        if not torch.cuda.is_available():
+            raise ValueError(f"{device!r}: this torch build or machine has no CUDA device")
+        if d.index is not None and d.index >= torch.cuda.device_count():
+            raise ValueError(f"{device!r}: only {torch.cuda.device_count()} CUDA device(s)")
+    elif d.type == "mps" and not torch.backends.mps.is_available():
+        raise ValueError(f"{device!r}: MPS is not available here")
+    return device
+
+
+TorchDevice = Annotated[str, AfterValidator(check_device)]
+"""A config field holding a torch device this machine can use (:func:`check_device`)."""
 
 
 def preset_path(preset: str | Path) -> Path:

@@ -11,7 +11,7 @@ from typing import Literal
 from pydantic import Field
 
 from provrl.classic.config import ClassicTRPOConfig
-from provrl.config import Section, peer_names
+from provrl.config import Section, TorchDevice, peer_names
 from provrl.engine.config import EngineConfig
 from provrl.env.config import EnvConfig
 from provrl.pipeline.config import PipelineConfig
@@ -22,7 +22,7 @@ from provrl.train.config import RLConfig, SFTConfig
 class ModelConfig(Section):
     name: str = Field("smollm2-135m", description="Model name (smollm2-135m, tiny) or HF path.")
     dtype: str = Field("float32", description="Parameter dtype: float32, bfloat16 or float16.")
-    device: str = Field("cpu", description="torch device: cpu, cuda, cuda:1, …")
+    device: TorchDevice = Field("cpu", description="torch device: cpu, cuda, cuda:1, …")
     seed: int = Field(0, description="Seed for random initialisation (the tiny model).")
 
 

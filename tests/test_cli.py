@@ -111,6 +111,7 @@ def _cases(tmp_path):
         ),
         "bad field value": (["eval", "--split", "bogus", "--world", str(world)], "field 'split'"),
         "usage": (["eval", "--n", "many"], "Invalid value for '--n'"),
+        "device": (["run", "--set", "model.device=cuda:99"], "key 'model.device'"),
         "port out of range": (["serve-search", "--port", "99999999"], "'--port'"),  # was a
         # 95-line OverflowError traceback from bind()
     }

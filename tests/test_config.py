@@ -114,3 +114,17 @@ def test_config_size_is_bounded_and_bad_values_are_quoted_short(tmp_path):
     (tmp_path / "bin.yaml").write_bytes(b"seed: \xff\n")
     with pytest.raises(ConfigError, match=r"bin\.yaml: not UTF-8"):
         load_config(RunConfig, tmp_path / "bin.yaml")
+
+
+def test_device_a_machine_cannot_use_is_a_config_error_naming_the_key():
+    """Issue 14: model.device=cuda on a CPU build died in an AssertionError inside torch."""
+    import torch
+
+    with pytest.raises(ConfigError, match=r"key 'model\.device': .*not a torch device"):
+        load_config(RunConfig, None, ["model.device=banana"])
+    with pytest.raises(ConfigError, match=r"key 'engine\.device': .*'cuda:99'"):
+        load_config(RunConfig, None, ["engine.device=cuda:99"])
+    if not torch.cuda.is_available():
+        with pytest.raises(ConfigError, match="no CUDA device"):
+            load_config(RunConfig, None, ["model.device=cuda"])
+    assert load_config(RunConfig, None, ["model.device=cpu"]).model.device == "cpu"

@@ -6,7 +6,7 @@ from typing import Literal
 
 from pydantic import Field
 
-from provrl.config import Section
+from provrl.config import Section, TorchDevice
 
 
 class EngineConfig(Section):
@@ -43,7 +43,9 @@ class EngineConfig(Section):
     prefix_cache_min_tokens: int = Field(
         8, ge=1, description="Shortest shared prefix worth copying from another slot."
     )
-    device: str = Field("cpu", description="torch device of the engine's weights and KV cache.")
+    device: TorchDevice = Field(
+        "cpu", description="torch device of the engine's weights and KV cache."
+    )
     dtype: Literal["float32", "bfloat16", "float16"] = Field(
         "float32", description="dtype of the engine's weights and KV cache (logits are fp32)."
     )
