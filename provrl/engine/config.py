@@ -73,5 +73,9 @@ class EngineConfig(Section):
         "default: on this CPU the ~35 s warm-up bought no speed (docs/engine.md).",
     )
     threads: int = Field(
-        0, ge=0, description="torch intra-op threads for the engine (0 = leave torch's default)."
+        0,
+        ge=0,
+        description="torch intra-op threads of the engine's scheduler thread, which runs every "
+        "forward (0 = torch's default). Per thread: the caller's threads keep their own count, "
+        "so an engine and a trainer in one process can each take one core of two.",
     )

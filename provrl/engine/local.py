@@ -207,8 +207,6 @@ class LocalEngine:
         version: int = 0,
     ) -> None:
         self.cfg = cfg = cfg or EngineConfig()
-        if cfg.threads:
-            torch.set_num_threads(cfg.threads)
         self.replica = replica
         self.tokenizer = lm.tokenizer
         self.name = lm.name
@@ -555,6 +553,10 @@ class LocalEngine:
         )
 
     def _loop(self) -> None:
+        # torch's intra-op thread count is per calling thread (an OpenMP ICV): set it here, on
+        # the scheduler thread that runs every forward, so the caller's threads keep theirs
+        if self.cfg.threads:
+            torch.set_num_threads(self.cfg.threads)
         try:
             while True:
                 with self._cv:

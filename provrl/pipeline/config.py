@@ -67,6 +67,13 @@ class RLLoopConfig(Section):
     concurrency: int = Field(
         32, ge=1, description="Agent loops in flight on the engine (continuous batching)."
     )
+    split_cores: bool = Field(
+        True,
+        description="async: give the engine's scheduler thread and the learner thread half of "
+        "torch's intra-op threads each (at least one), so the two never oversubscribe the "
+        "cores (OpenMP teams spinning on a shared core slow both). sync ignores it: there "
+        "the engine and the trainer take turns and each uses every thread.",
+    )
     save_every: int = Field(
         1,
         ge=1,

@@ -143,10 +143,15 @@ def run_rl(
         policy_path = str(latest[1])
     torch.manual_seed(cfg.seed + state.version)
     lm = load_model(policy_path, dtype=cfg.model.dtype, device=cfg.model.device)
+    engine_threads, trainer_threads = cfg.engine.threads, 0
+    if loop.mode == "async" and loop.split_cores:
+        half = max(1, torch.get_num_threads() // 2)
+        engine_threads, trainer_threads = half, half
     engine_cfg = cfg.engine.model_copy(
         update={
             "max_seqs": max(cfg.engine.max_seqs, loop.concurrency),
             "seed": cfg.seed + state.version,
+            "threads": engine_threads,
         }
     )
     engine = LocalEngine(lm, engine_cfg, version=state.version)
@@ -304,7 +309,11 @@ def run_rl(
                 result, stats = train(batch)
                 finish_step(result, stats, batch, "drain")
         else:
-            learner = ThreadPoolExecutor(1, thread_name_prefix="learner")
+            learner = ThreadPoolExecutor(
+                1,
+                thread_name_prefix="learner",
+                initializer=lambda: _set_threads(trainer_threads),
+            )
             fut: Future[tuple[Any, dict[str, Any]]] | None = None
             in_training: list[Group] = []
             try:
@@ -350,12 +359,21 @@ def run_rl(
         "trainer_busy_s": trainer_busy,
         "trainer_idle_frac": max(0.0, 1 - trainer_busy / wall) if wall else 0.0,
         "engine_busy_frac": min(1.0, eng.get("busy_s", 0.0) / wall) if wall else 0.0,
+        "threads": {"engine": engine_threads, "trainer": trainer_threads},
         "engine": {
             k: eng[k] for k in ("tokens_generated", "hotloads", "evictions", "busy_s") if k in eng
         },
         "collector": collector,
     }
     return summary
+
+
+def _set_threads(n: int) -> None:
+    """torch intra-op threads of the calling thread (0: leave the default)."""
+    import torch
+
+    if n:
+        torch.set_num_threads(n)
 
 
 def read_steps(run_dir: str | os.PathLike[str]) -> list[dict[str, Any]]:

@@ -272,3 +272,19 @@ def test_compiled_mlp_gives_the_same_tokens(make_engine, prompts, tiny, teacher)
     out = generate(eng, prompts[0], SamplingParams(temperature=1.0, max_new_tokens=8, seed=0))
     ref = teacher(tiny.model, prompts[0] + out.token_ids)[len(prompts[0]) :]
     np.testing.assert_allclose(out.logprob, ref.numpy(), atol=1e-4)
+
+
+def test_engine_threads_apply_to_its_scheduler_thread_only(tiny):
+    """EngineConfig.threads is set on the scheduler thread: the caller keeps its own count
+    (torch's intra-op count is per thread), so a trainer thread beside it is unaffected."""
+    import torch
+
+    from provrl.engine import EngineConfig, LocalEngine
+
+    before = torch.get_num_threads()
+    eng = LocalEngine(tiny, EngineConfig(max_seqs=2, max_context=64, threads=1))
+    try:
+        assert torch.get_num_threads() == before
+        assert eng._thread.is_alive()
+    finally:
+        eng.close()

@@ -295,9 +295,7 @@ def test_grpo_improves_the_exact_expected_reward(tiny, model, prompts):
     assert exact_j() > j0 + 0.15
 
 
-def test_bfloat16_autocast_step_is_close_to_float32_and_keeps_float32_weights(
-    tiny, model, sampled
-):
+def test_bfloat16_autocast_step_is_close_to_float32_and_keeps_float32_weights(tiny, model, sampled):
     """cfg.autocast = bfloat16: the proximal pass differs from float32 only by bf16 rounding,
     weights and optimizer state stay float32, and the update still follows the advantages."""
     pad = tiny.tokenizer.pad_token_id
