@@ -107,15 +107,15 @@ def test_cli_sft_on_chat_jsonl_trains_the_assistant_turns(chat_file, tmp_path):
 
     out = tmp_path / "ck"
     args = ["sft", "--data", str(chat_file), "--model", "tiny", "--out", str(out),
-            "--epochs", "20", "--batch-size", "2", "--lr", "1e-2", "--warmup-steps", "0",
+            "--epochs", "6", "--batch-size", "2", "--lr", "3e-2", "--warmup-steps", "0",
             "--schedule", "constant",
             "--selection", "all", "--json"]  # fmt: skip
     r = CliRunner().invoke(app, args)
     assert r.exit_code == 0, r.output
     s = json.loads(r.stdout.strip().splitlines()[-1])
-    assert s["traces_loaded"] == 2 and s["steps"] == 20
+    assert s["traces_loaded"] == 2 and s["steps"] == 6
     assert s["last_loss"] < 0.5 * s["first_loss"]  # it learns the answers
     n_act = sum(t.num_actions for t in load_chat_jsonl(chat_file, load_model("tiny").tokenizer))
-    assert s["action_tokens"] == 20 * n_act
+    assert s["action_tokens"] == 6 * n_act
     assert (tmp_path / "ck-run" / "sft_loss.png").stat().st_size > 1000
     assert read_metadata(out)["tokenizer"] == load_model("tiny").tokenizer_identity
