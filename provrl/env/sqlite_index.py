@@ -38,8 +38,10 @@ recycles threads does not accumulate connections and their page caches.
 **Bounded work per query.** A query is cut off before index work if it is longer than
 ``max_query_chars`` or has more than ``max_terms`` distinct terms
 (:func:`provrl.env.search.bounded_query_terms`), and SQLite aborts any statement still
-running after ``time_budget_s`` (a progress handler checks the per-thread deadline every
-few thousand VM steps); each raises :class:`~provrl.env.search.QueryError`, so no query can
+running after ``time_budget_s`` of *CPU time of the querying thread* (a progress handler
+checks the per-thread deadline every few thousand VM steps) — a bound on work, not on wall
+time, so a loaded machine (32 agent loops, an engine and a trainer on two cores) does not
+turn ordinary queries into errors and make results depend on load; each raises :class:`~provrl.env.search.QueryError`, so no query can
 pin a core after its client is gone.
 """
 
@@ -75,7 +77,8 @@ COMMON_DF = 1000
 COMMON_TOP = 1024
 """Length of the cached BM25 ranking over a query's common terms alone."""
 QUERY_TIME_BUDGET_S = 2.0
-"""Default wall-clock budget of one query's SQL (typical queries take milliseconds)."""
+"""Default CPU-time budget of one query's SQL, in seconds of the querying thread's CPU
+(typical queries take milliseconds)."""
 _PROGRESS_STEPS = 4000
 """SQLite VM instructions between two deadline checks (~0.1 ms)."""
 _TOKEN = re.compile(r"[^\W_]+")
@@ -273,12 +276,12 @@ class SqliteSearch:
     def _over_budget(self) -> int:
         """SQLite progress handler: nonzero aborts the running statement (this thread's)."""
         deadline = getattr(self._local, "deadline", None)
-        return int(deadline is not None and time.monotonic() > deadline)
+        return int(deadline is not None and time.thread_time() > deadline)
 
     def _check_budget(self) -> None:
         deadline = getattr(self._local, "deadline", None)
-        if deadline is not None and time.monotonic() > deadline:
-            raise QueryError(f"query exceeded its time budget of {self.time_budget_s:g} s")
+        if deadline is not None and time.thread_time() > deadline:
+            raise QueryError(f"query exceeded its time budget of {self.time_budget_s:g} s of CPU")
 
     def fingerprint(self) -> str:
         return f"sqlite:{self.corpus_sha256[:16]}:tw{self.title_weight:g}:bw{self.body_weight:g}"
@@ -419,7 +422,7 @@ class SqliteSearch:
         return [(rid, *text[rid], sc) for rid, sc in scored]
 
     def search(self, query: str, k: int) -> list[Hit]:
-        self._local.deadline = time.monotonic() + self.time_budget_s
+        self._local.deadline = time.thread_time() + self.time_budget_s
         try:
             rows = self.ranked(query, k)
         finally:
