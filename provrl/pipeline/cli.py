@@ -22,6 +22,13 @@ def run(
         Path | None,
         typer.Option(help="Continue the run in this directory with its saved config.yaml."),
     ] = None,
+    tasks: Annotated[
+        Path | None,
+        typer.Option(
+            help="Probe and train on this task file (provrl or plain QA JSONL) instead of the "
+            "world's train split (= --set pipeline.tasks.file=PATH)."
+        ),
+    ] = None,
     progress: Annotated[bool, typer.Option(help="Progress bars and stage lines.")] = True,
 ) -> None:
     """The main job: world → warm start → probe → filter → RL (sync or async with hot-load)
@@ -37,7 +44,8 @@ def run(
         cfg = load_config(RunConfig, resume / "config.yaml", overrides or [])
         run_dir = resume
     else:
-        cfg = load_config(RunConfig, preset, overrides or [])
+        extra = [f"pipeline.tasks.file={tasks}"] if tasks is not None else []
+        cfg = load_config(RunConfig, preset, [*(overrides or []), *extra])
         run_dir = Path(cfg.logging.run_dir)
     summary = run_pipeline(cfg, run_dir, progress=progress and cfg.logging.progress)
     typer.echo(Path(summary["report"]).read_text())
@@ -93,7 +101,7 @@ def probe(
     from provrl.config import load_config
     from provrl.env.build import ensure_world, load_split
     from provrl.env.evaluate import select_tasks
-    from provrl.env.tasks import load_tasks
+    from provrl.env.tasks import read_task_file
     from provrl.filtering import K_TABLE_HEADER, format_k_table
     from provrl.pipeline.probe import format_transitions, run_filter, run_probe
     from provrl.pipeline.stages import _engine_cfg
@@ -104,7 +112,7 @@ def probe(
     if tasks is not None and pool is not None:
         raise typer.BadParameter("give --tasks or --pool, not both")
     if pool is not None or tasks is not None:
-        todo = load_tasks(pool or tasks)  # type: ignore[arg-type]
+        todo = read_task_file(pool or tasks, split="train")  # type: ignore[arg-type]
     else:
         tiers = cfg.pipeline.tasks.tiers
         todo = select_tasks(

@@ -341,7 +341,7 @@ def build_env(
     from provrl.env.agent import tools_identity
     from provrl.env.build import load_split
     from provrl.env.evaluate import search_backend, worked_examples
-    from provrl.provenance import Identity
+    from provrl.models.loading import policy_identity
 
     a = env_cfg.agent
     backend = search_backend(world_dir, env_cfg)
@@ -352,5 +352,5 @@ def build_env(
             load_split(world_dir, "train"), a.shots, backend, env_cfg, set(exclude_answers)
         )
     dtype = str(lm.model.dtype).removeprefix("torch.")
-    policy = Identity(lm.name, lm.fingerprint, {"dtype": dtype, **(extra or {})})
+    policy = policy_identity(lm, dtype=dtype, **(extra or {}))
     return AgentEnv(engine, lm.tokenizer, backend, a, env_cfg.search, policy, tools, shots)

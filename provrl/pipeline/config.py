@@ -6,7 +6,7 @@ from typing import Literal
 
 from pydantic import Field
 
-from provrl.config import Section
+from provrl.config import Section, peer_names
 
 
 class TaskSliceConfig(Section):
@@ -35,6 +35,13 @@ class TaskSliceConfig(Section):
         0, ge=0, description="Test tasks evaluated per policy (0 = every test task of the tiers)."
     )
     seed: int = Field(0, description="Seed of the slices (which tasks go where).")
+    file: str | None = Field(
+        None,
+        description="A task file (provrl tasks or plain {question, answer} JSONL, "
+        "provrl.env.tasks.read_task_file) probed and trained on instead of the world's train "
+        "split (all of it: probe and tiers do not apply); the warm start still imitates the "
+        "world's oracle traces, and evaluation stays on the world's test split.",
+    )
 
 
 class RLLoopConfig(Section):
@@ -50,7 +57,12 @@ class RLLoopConfig(Section):
     groups_per_step: int = Field(
         4, ge=1, description="GRPO groups (tasks × k samples) per step; batch = groups · k."
     )
-    k: int = Field(8, ge=2, description="Samples per group (GRPO group size).")
+    k: int = Field(
+        8,
+        ge=2,
+        description="Samples per group (GRPO group size); the probe takes as many per task.",
+        **peer_names("k", trl="num_generations", verl="actor_rollout_ref.rollout.n"),
+    )
     max_lag: int = Field(
         1,
         ge=0,

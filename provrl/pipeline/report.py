@@ -216,7 +216,7 @@ def _mixed_trajectory(run: Path) -> str | None:
             break
     from provrl.models import load_tokenizer
 
-    tok = load_tokenizer(name if name in ("smollm2-135m", "tiny") else "smollm2-135m")
+    tok = load_tokenizer(name)
     parts, start = [], int(np.argmax(best.is_action))  # skip the prompt
     ids, act, ver = best.token_id, best.is_action, best.version
     i = start

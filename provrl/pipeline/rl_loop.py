@@ -156,7 +156,7 @@ def run_rl(
     )
     engine = LocalEngine(lm, engine_cfg, version=state.version)
     env = build_env(engine, lm, world_dir, cfg.env, extra={"start": start_policy})
-    metrics = MetricsWriter(rl_dir, tensorboard=cfg.logging.tensorboard)
+    metrics = MetricsWriter.from_logging(rl_dir, cfg.logging, config=cfg.model_dump(mode="json"))
     pad = lm.tokenizer.pad_token_id
     trainer = RLTrainer(
         lm.model,
@@ -164,6 +164,7 @@ def run_rl(
         pad_token_id=pad if pad is not None else 0,
         version=state.version,
         metrics=metrics,
+        tokenizer=lm.tokenizer_identity,
     )
     if latest is not None and trainer.optimizer is not None:
         opt = torch.load(latest[1] / "optimizer.pt", weights_only=True)

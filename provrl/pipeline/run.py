@@ -42,13 +42,23 @@ def slices(train: list[Task], test: list[Task], cfg: RunConfig) -> dict[str, lis
     pool = [t for t in train if t.tier in s.tiers]
     rng = np.random.default_rng([s.seed, 11])
     pool = [pool[int(i)] for i in rng.permutation(len(pool))]
-    if s.warmstart + s.probe > len(pool):
+    if s.file is None and s.warmstart + s.probe > len(pool):
         raise ConfigError(
             f"pipeline.tasks: warmstart={s.warmstart} + probe={s.probe} exceeds the "
             f"{len(pool)} train tasks of tiers {list(s.tiers)}"
         )
     warm = pool[: s.warmstart] if cfg.pipeline.warmstart else []
     probe = pool[s.warmstart : s.warmstart + s.probe]
+    if s.file is not None:
+        from provrl.env.tasks import read_task_file
+
+        probe = read_task_file(s.file, split="train")
+        overlap = {t.question for t in probe} & {t.question for t in test}
+        if overlap:
+            raise ConfigError(
+                f"pipeline.tasks.file={s.file}: {len(overlap)} question(s) also in the test "
+                f"split, e.g. {next(iter(overlap))!r}; RL tasks must be disjoint from the eval"
+            )
     ev = select_tasks([t for t in test if t.tier in s.tiers], s.eval, s.seed)
     return {"warmstart": warm, "probe": probe, "eval": ev}
 

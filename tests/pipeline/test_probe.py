@@ -230,3 +230,37 @@ def test_reprobe_of_a_pool_reports_transitions(tmp_path):
     f = json.loads((tmp_path / "re" / "filter" / "filter.json").read_text())
     n_unsolved = len((d / "filter" / "unsolved.jsonl").read_text().splitlines())
     assert sum(f["transitions"]["unsolved"].values()) == n_unsolved
+
+
+def test_probe_takes_a_plain_qa_task_file(tmp_path, small_world):
+    """Bring your own tasks: plain {question, answer} records are probed like world tasks."""
+    from provrl.env.build import load_split
+
+    rows = [
+        {"id": f"q{i}", "question": t.question, "answer": t.answers}
+        for i, t in enumerate(load_split(small_world, "train")[:3])
+    ]
+    f = tmp_path / "plain.jsonl"
+    f.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    d = tmp_path / "probe"
+    res = CliRunner().invoke(app, ["probe", "--out", str(d), "--tasks", str(f), *QUICK, "--k", "2"])
+    assert res.exit_code == 0, f"{res.output}\n{res.exception!r}"
+    probe = json.loads((d / "probe.json").read_text())
+    assert sorted(probe["K"]) == ["q0", "q1", "q2"]
+
+
+def test_run_refuses_a_task_file_that_overlaps_the_test_split(tmp_path, small_world):
+    from provrl.config import ConfigError, load_config
+    from provrl.env.build import load_split
+    from provrl.pipeline.run import slices
+    from provrl.run_config import RunConfig
+
+    train, test = load_split(small_world, "train"), load_split(small_world, "test")
+    f = tmp_path / "mine.jsonl"
+    rows = [{"question": t.question, "answer": t.answers} for t in (train[0], test[0])]
+    f.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    cfg = load_config(RunConfig, "quick", [f"pipeline.tasks.file={f}"])
+    with pytest.raises(ConfigError, match="also in the test split"):
+        slices(train, test, cfg)
+    f.write_text(json.dumps(rows[0]) + "\n")
+    assert [t.question for t in slices(train, test, cfg)["probe"]] == [train[0].question]
