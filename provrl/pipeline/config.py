@@ -80,11 +80,13 @@ class RLLoopConfig(Section):
         32, ge=1, description="Agent loops in flight on the engine (continuous batching)."
     )
     split_cores: bool = Field(
-        True,
+        False,
         description="async: give the engine's scheduler thread and the learner thread half of "
         "torch's intra-op threads each (at least one), so the two never oversubscribe the "
-        "cores (OpenMP teams spinning on a shared core slow both). sync ignores it: there "
-        "the engine and the trainer take turns and each uses every thread.",
+        "cores. Worth it when rollouts keep the engine busy through a whole training step "
+        "(generation-bound runs); off by default because on 2 CPU cores the trainer is the "
+        "bottleneck (SmolLM2: a step ~3× the rollout time of its batch) and would lose its "
+        "second core for most of the step. sync ignores it: engine and trainer take turns.",
     )
     save_every: int = Field(
         1,
