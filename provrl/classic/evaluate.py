@@ -34,3 +34,30 @@ def run_episodes(act: Act, env_id: str, episodes: int = 10, seed: int = 10_000) 
         return returns
     finally:
         envs.close()
+
+
+def mean_ci(
+    x: np.ndarray | list[float], confidence: float = 0.95, resamples: int = 10_000, seed: int = 0
+) -> tuple[float, float, float]:
+    """(mean, low, high): the mean of ``x`` with a bootstrap confidence interval.
+
+    The interval is scipy's BCa bootstrap of the mean over the entries of ``x`` (one per
+    training seed in benchmarks/): ``resamples`` resamples with replacement, fixed ``seed``.
+    Identical entries give the degenerate interval (mean, mean)."""
+    from scipy.stats import bootstrap
+
+    a = np.asarray(x, dtype=np.float64)
+    if a.ndim != 1 or a.size < 2:
+        raise ValueError(f"mean_ci: need a 1-d sample of at least 2 values, got shape {a.shape}")
+    m = float(a.mean())
+    if np.ptp(a) == 0:
+        return m, m, m
+    res = bootstrap(
+        (a,),
+        np.mean,
+        confidence_level=confidence,
+        n_resamples=resamples,
+        method="BCa",
+        rng=np.random.default_rng(seed),
+    )
+    return m, float(res.confidence_interval.low), float(res.confidence_interval.high)

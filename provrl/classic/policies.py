@@ -24,6 +24,7 @@ import itertools
 import math
 
 import gymnasium as gym
+import numpy as np
 import torch
 from torch import nn
 
@@ -76,18 +77,39 @@ class CategoricalPolicy(nn.Module):
 
 
 class GaussianPolicy(nn.Module):
-    """π_θ(a|s) = N(μ_θ(s), diag σ²) with a learned state-independent log σ (Box actions)."""
+    """π_θ(a|s) = N(μ_θ(s), diag σ²) with a learned state-independent log σ (Box actions).
+
+    With ``mean_bounds = (low, high)`` the mean is kept inside the action box,
+    μ_θ(s) = c + h · tanh(f_θ(s)) with c = (high + low)/2, h = (high − low)/2; otherwise
+    μ_θ(s) = f_θ(s). Samples are still clipped to the box by the trainer. A bounded mean
+    cannot drift beyond a bound, where every sample would clip to the same action and the
+    policy gradient in that state would vanish (docs/trpo.md, "Pendulum across seeds")."""
+
+    centre: Tensor  # c (buffer)
+    half_range: Tensor  # h (buffer)
 
     def __init__(
-        self, obs_dim: int, act_dim: int, hidden: list[int], activation: str, log_std_init: float
+        self,
+        obs_dim: int,
+        act_dim: int,
+        hidden: list[int],
+        activation: str,
+        log_std_init: float,
+        mean_bounds: tuple[Tensor, Tensor] | None = None,
     ):
         super().__init__()
         self.act_dim = act_dim
         self.mu = mlp([obs_dim, *hidden, act_dim], activation, out_gain=0.01)
         self.log_std = nn.Parameter(torch.full((act_dim,), float(log_std_init)))
+        self.bounded = mean_bounds is not None
+        low, high = mean_bounds if mean_bounds is not None else (torch.zeros(1), torch.ones(1))
+        self.register_buffer("centre", ((high + low) / 2).float().expand(act_dim).clone())
+        self.register_buffer("half_range", ((high - low) / 2).float().expand(act_dim).clone())
 
     def forward(self, obs: Tensor) -> Tensor:
         mu = self.mu(obs)
+        if self.bounded:
+            mu = self.centre + self.half_range * torch.tanh(mu)
         return torch.cat([mu, self.log_std.expand_as(mu)], dim=-1)
 
     def _split(self, d: Tensor) -> tuple[Tensor, Tensor]:
@@ -127,15 +149,25 @@ def make_policy(
     hidden: list[int],
     activation: str = "tanh",
     log_std_init: float = 0.0,
+    bounded_mean: bool = False,
 ) -> Policy:
-    """The policy for a gymnasium (Box observation, Discrete | Box action) environment."""
+    """The policy for a gymnasium (Box observation, Discrete | Box action) environment.
+
+    ``bounded_mean`` (Box actions only) keeps the Gaussian mean inside the action bounds."""
     if not isinstance(observation_space, gym.spaces.Box) or len(observation_space.shape) != 1:
         raise ValueError(f"observation space {observation_space}: expected a flat Box")
     obs_dim = observation_space.shape[0]
     if isinstance(action_space, gym.spaces.Discrete):
         return CategoricalPolicy(obs_dim, int(action_space.n), hidden, activation)
     if isinstance(action_space, gym.spaces.Box) and len(action_space.shape) == 1:
-        return GaussianPolicy(obs_dim, action_space.shape[0], hidden, activation, log_std_init)
+        bounds = None
+        if bounded_mean:
+            low, high = action_space.low, action_space.high
+            if not (np.isfinite(low).all() and np.isfinite(high).all()):
+                raise ValueError(f"action space {action_space}: bounded_mean needs finite bounds")
+            bounds = (torch.as_tensor(low), torch.as_tensor(high))
+        act_dim = action_space.shape[0]
+        return GaussianPolicy(obs_dim, act_dim, hidden, activation, log_std_init, bounds)
     raise ValueError(f"action space {action_space}: expected Discrete or a flat Box")
 
 

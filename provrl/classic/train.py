@@ -106,7 +106,9 @@ def train(
     except gym.error.Error as e:
         raise ConfigError(f"env_id {cfg.env_id!r}: {e}") from None
     obs_space, act_space = envs.single_observation_space, envs.single_action_space
-    policy = make_policy(obs_space, act_space, cfg.hidden, cfg.activation, cfg.log_std_init)
+    policy = make_policy(
+        obs_space, act_space, cfg.hidden, cfg.activation, cfg.log_std_init, cfg.bounded_mean
+    )
     obs_dim = policy_obs_dim(obs_space)
     value_fn = make_value_function(obs_dim, cfg.vf_hidden, cfg.activation)
     vf_opt = adam(list(value_fn.parameters()), cfg.vf_lr)
@@ -212,6 +214,12 @@ def train(
                     "policy/entropy": entropy,
                     "value/loss": vf_loss,
                     "value/explained_variance": explained_variance(v.reshape(-1), ret.reshape(-1)),
+                    # against the discounted reward-to-go (λ = 1; bootstrapped only where the
+                    # rollout or a time limit cuts it): no V inside the target
+                    "value/explained_variance_mc": explained_variance(
+                        v.reshape(-1),
+                        gae(rewards, v, v_next, term_buf, done_buf, cfg.gamma, 1.0)[1].reshape(-1),
+                    ),
                     "time/wall_s": time.perf_counter() - t_start,
                     "time/steps_per_s": step / (time.perf_counter() - t_start),
                 }

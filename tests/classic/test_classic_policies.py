@@ -70,3 +70,31 @@ def test_make_policy_picks_by_action_space_and_rejects_others():
         make_policy(gym.spaces.Discrete(5), gym.spaces.Discrete(2), [8])
     with pytest.raises(ValueError, match="activation"):
         make_policy(box, gym.spaces.Discrete(2), [8], activation="gelu")
+
+
+def test_bounded_mean_stays_inside_the_action_box_and_keeps_the_formulas():
+    low, high = torch.tensor([-2.0, 0.0]), torch.tensor([2.0, 1.0])
+    torch.manual_seed(2)
+    pi = GaussianPolicy(3, 2, [8], "tanh", 0.0, mean_bounds=(low, high))
+    with torch.no_grad():
+        pi.mu[-1].weight.mul_(1000.0)  # drive f(s) far beyond the bounds
+        s = 10 * torch.randn(256, 3)
+        d = pi(s)
+        f = pi.mu(s)
+    mu = pi.mode(d)
+    assert torch.allclose(mu, torch.tensor([0.0, 0.5]) + torch.tensor([2.0, 0.5]) * torch.tanh(f))
+    assert (mu >= low).all() and (mu <= high).all()
+    assert (mu[:, 0].abs() > 1.99).any()  # saturates towards a bound, never past it
+    a = torch.randn(256, 2)
+    ref = Normal(mu, d[:, 2:].exp())
+    assert torch.allclose(pi.log_prob(d, a), ref.log_prob(a).sum(-1), atol=1e-5)
+
+
+def test_make_policy_bounded_mean_needs_finite_bounds():
+    obs = gym.spaces.Box(-1, 1, (3,))
+    pi = make_policy(obs, gym.spaces.Box(-2, 2, (1,)), [8], bounded_mean=True)
+    assert isinstance(pi, GaussianPolicy) and pi.bounded
+    assert float(pi.half_range[0]) == 2.0 and float(pi.centre[0]) == 0.0
+    with pytest.raises(ValueError, match="finite bounds"):
+        make_policy(obs, gym.spaces.Box(-np.inf, np.inf, (1,)), [8], bounded_mean=True)
+    assert not make_policy(obs, gym.spaces.Box(-np.inf, np.inf, (1,)), [8]).bounded
