@@ -455,8 +455,8 @@ def mlp_block(h: torch.Tensor, post_norm: torch.Tensor, w_gate_up: torch.Tensor,
               w_down: torch.Tensor, eps: float, intermediate: int) -> torch.Tensor:  # fmt: skip
     """x + (SiLU(h W_gateᵀ) ⊙ h W_upᵀ) W_downᵀ with h = RMSNorm(x) (the part of a layer
     that ``EngineConfig.compile`` hands to torch.compile)."""
-    gu = rms_norm(h, post_norm, eps) @ w_gate_up.t()
-    act = F.silu(gu[:, :intermediate]).mul_(gu[:, intermediate:])
+    gu = rms_norm(h, post_norm, eps) @ w_gate_up.t()  # [N, 2F]: gate | up
+    act = F.silu(gu[:, :intermediate]).mul_(gu[:, intermediate:])  # [N, F]
     return torch.addmm(h, act, w_down.t())
 
 
@@ -469,7 +469,7 @@ def forward(
     N = x.tokens.shape[0]
     H, Hkv, d = S.n_heads, S.n_kv_heads, S.head_dim
     qk_dim = S.q_dim + S.kv_dim
-    h = F.embedding(x.tokens, w.embed)
+    h = F.embedding(x.tokens, w.embed)  # [N, D]
     cos = rope.cos[x.positions][:, None, :]  # [N, 1, d]
     sin = rope.sin_signed[x.positions][:, None, :]
     decode_mask = None
@@ -478,20 +478,22 @@ def forward(
         L = int(lens.max())
         past = torch.arange(L, device=lens.device)[None, :] < lens[:, None]
         decode_mask = torch.zeros(past.shape, dtype=h.dtype, device=h.device)
-        decode_mask = decode_mask.masked_fill_(~past, float("-inf"))[:, None, None]  # additive
+        # additive, [B, 1, 1, L]: broadcast over KV heads and the G query heads of each
+        decode_mask = decode_mask.masked_fill_(~past, float("-inf"))[:, None, None]
     for layer, lw in enumerate(w.layers):
-        hn = rms_norm(h, lw.input_norm, S.eps)
+        hn = rms_norm(h, lw.input_norm, S.eps)  # [N, D]
         qkv = hn @ lw.w_qkv.t() if lw.b_qkv is None else torch.addmm(lw.b_qkv, hn, lw.w_qkv.t())
+        # qkv: [N, (H + 2·H_kv)·d]; qk: [N, H + H_kv, d]
         qk = qkv[:, :qk_dim].view(N, H + Hkv, d)
         if lw.qk_norm is not None:
             qk = qk_head_norm(qk, lw.qk_norm, H, S.eps)
         qk = apply_rope(qk, cos, sin)  # q and k at once
         kv.k[layer][x.slots, :, x.positions] = qk[:, H:]
         kv.v[layer][x.slots, :, x.positions] = qkv[:, qk_dim:].view(N, Hkv, d)
-        o = attention(qk[:, :H], kv, layer, x, decode_mask)
+        o = attention(qk[:, :H], kv, layer, x, decode_mask)  # [N, H·d]
         h = torch.addmm(h if lw.b_o is None else h + lw.b_o, o, lw.w_o.t())  # x + o W_oᵀ + b_o
         h = mlp(h, lw.post_norm, lw.w_gate_up, lw.w_down, S.eps, S.intermediate)
-    last = rms_norm(h[x.logit_rows], w.norm, S.eps)
+    last = rms_norm(h[x.logit_rows], w.norm, S.eps)  # [R, D]
     # (W hᵀ)ᵀ rather than h Wᵀ: MKL splits the 49k vocabulary rows across threads
     # (1.35× faster at 2 threads for 64 rows; the same values up to summation order)
     return (w.lm_head @ last.t()).t().float().contiguous()

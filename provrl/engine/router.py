@@ -20,7 +20,7 @@ from concurrent.futures import Future
 from typing import Any
 
 from provrl.engine.api import Engine, EngineError, HotLoadMode, HotLoadReport, TurnOutput
-from provrl.engine.local import read_weights
+from provrl.engine.hotload import read_weights
 from provrl.provenance import SamplingParams
 
 
