@@ -162,6 +162,30 @@ def run_tool(env: AgentEnv, call: Call) -> tuple[str, ToolCall]:
     return obs, ToolCall(0, call.name, call.argument, ok, err, time.perf_counter() - t0)
 
 
+@dataclass
+class EpisodeCounts:
+    """What one episode counted while it ran (the trajectory's metrics are made from it)."""
+
+    turns: int = 0
+    """Assistant turns the engine sampled."""
+    searches: int = 0
+    opens: int = 0
+    malformed: int = 0
+    """Turns the protocol parser could not read as a call (in total)."""
+    streak: int = 0
+    """Malformed turns in a row (``max_malformed`` of them end the episode)."""
+    truncated_obs: int = 0
+    """Tool results cut to ``max_observation_tokens``."""
+    t_gen: float = 0.0
+    """Seconds waiting for the engine."""
+    t_tools: float = 0.0
+    """Seconds in tool calls."""
+
+    @property
+    def tool_calls(self) -> int:
+        return self.searches + self.opens
+
+
 def run_episode(
     env: AgentEnv,
     task: Task,
@@ -183,10 +207,9 @@ def run_episode(
         )
     b = TrajectoryBuilder(traj_id, task.task_id)
     b.add_prompt(prompt)
+    n = EpisodeCounts()
     answer: str | None = None
-    malformed = searches = opens = truncated_obs = streak = n_turns = 0
     finish = "max_turns"
-    t_gen = t_tools = 0.0
     turn = 0
     max_new = min(a.max_new_tokens, budget - len(prompt))
     t0 = time.perf_counter()
@@ -194,37 +217,37 @@ def run_episode(
     try:
         while True:
             out: TurnOutput = fut.result()
-            t_gen += time.perf_counter() - t0
-            if out.finish_reason in ("error", "cancelled"):
+            n.t_gen += time.perf_counter() - t0
+            if out.finish_reason in ("error", "cancelled"):  # the engine gave up on the turn
                 finish = f"engine_{out.finish_reason}"
                 break
-            n_turns += 1
+            n.turns += 1
             b.add_sampled(out)
             text = tok.decode(out.token_ids, skip_special_tokens=False)
             parsed = parse(text, a.protocol)
-            if isinstance(parsed, Call) and parsed.name == "answer":
+            if isinstance(parsed, Call) and parsed.name == "answer":  # done: score it below
                 answer = parsed.argument
                 b.add_tool_call(ToolCall(turn, "answer", parsed.argument))
                 finish = "answer"
                 break
-            streak = streak + 1 if isinstance(parsed, Malformed) else 0
-            if isinstance(parsed, Malformed):
-                malformed += 1
+            n.streak = n.streak + 1 if isinstance(parsed, Malformed) else 0
+            if isinstance(parsed, Malformed):  # tell the model what was wrong, or give up
+                n.malformed += 1
                 b.add_tool_call(ToolCall(turn, "invalid", parsed.raw, False, parsed.error))
-                if streak >= a.max_malformed:
+                if n.streak >= a.max_malformed:
                     finish = "malformed"
                     break
                 obs = format_error(parsed.error)
-            elif searches + opens >= a.max_tool_calls:
+            elif n.tool_calls >= a.max_tool_calls:  # a well-formed call over the limit
                 b.add_tool_call(
                     ToolCall(turn, parsed.name, parsed.argument, False, "tool call limit")
                 )
                 obs = format_error("tool call limit reached: give your <answer> now")
-            else:
+            else:  # search / open: run the tool (failures become error observations)
                 obs, call = run_tool(env, parsed)
-                t_tools += call.latency_s
-                searches += parsed.name == "search"
-                opens += parsed.name == "open"
+                n.t_tools += call.latency_s
+                n.searches += parsed.name == "search"
+                n.opens += parsed.name == "open"
                 b.add_tool_call(
                     ToolCall(turn, call.name, call.arguments, call.ok, call.error, call.latency_s)
                 )
@@ -232,8 +255,9 @@ def run_episode(
             if turn >= a.max_turns:
                 finish = "max_turns"
                 break
+            # the observation as non-action ids; stop if the next turn would have < 8 tokens
             obs_ids, cut = env.codec.ids(obs, out.token_ids)
-            truncated_obs += cut
+            n.truncated_obs += cut
             room = budget - len(b) - len(obs_ids)
             if room < 8:
                 finish = "token_budget"
@@ -244,12 +268,12 @@ def run_episode(
             fut = env.engine.submit_continue(
                 traj_id, obs_ids, _params(env, min(a.max_new_tokens, room), derive_seed(seed, turn))
             )
-    except EngineError as e:
+    except EngineError as e:  # the engine refused a request (e.g. the context is full)
         finish = f"engine_rejected: {e}"
     finally:
         with contextlib.suppress(EngineError):
             env.engine.release(traj_id)
-    format_ok = answer is not None and malformed == 0
+    format_ok = answer is not None and n.malformed == 0
     traj = b.build(
         reward=reward(
             answer,
@@ -257,22 +281,22 @@ def run_episode(
             kind=a.reward,
             format_ok=format_ok,
             format_penalty=a.format_penalty,
-            tool_calls=searches + opens,
+            tool_calls=n.tool_calls,
             tool_call_cost=a.tool_call_cost,
         ),
         metrics=_metrics(
             task,
             b,
             answer,
-            searches=searches,
-            opens=opens,
-            malformed=malformed,
-            turns=n_turns,
-            truncated=truncated_obs,
+            searches=n.searches,
+            opens=n.opens,
+            malformed=n.malformed,
+            turns=n.turns,
+            truncated=n.truncated_obs,
         ),
         timings={
-            "generation": t_gen,
-            "tools": t_tools,
+            "generation": n.t_gen,
+            "tools": n.t_tools,
             "total": time.perf_counter() - t_start,
         },
         sampling=_params(env, a.max_new_tokens, seed),
