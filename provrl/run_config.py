@@ -12,6 +12,7 @@ from pydantic import Field
 
 from provrl.classic.config import ClassicTRPOConfig
 from provrl.config import Section, TorchDevice, peer_names
+from provrl.distributed.config import RayConfig
 from provrl.engine.config import EngineConfig
 from provrl.env.config import EnvConfig
 from provrl.pipeline.config import PipelineConfig
@@ -49,6 +50,17 @@ class RunConfig(Section):
 
     model: ModelConfig = Field(default_factory=ModelConfig, description="Policy model.")
     engine: EngineConfig = Field(default_factory=EngineConfig, description="Rollout engine.")
+    backend: Literal["local", "ray"] = Field(
+        "local",
+        description="Where the rollout engine runs: 'local' = one engine in this process; "
+        "'ray' = ray.replicas engine replicas as Ray actors, each in its own process "
+        "(pip install 'provrl[ray]'; docs/distributed.md).",
+    )
+    ray: RayConfig = Field(
+        default_factory=RayConfig,
+        description="The Ray backend: cluster address, replicas, threads per replica, "
+        "hot-load schedule, restarts.",
+    )
     env: EnvConfig = Field(default_factory=EnvConfig, description="Search-agent environment.")
     rl: RLConfig = Field(default_factory=RLConfig, description="RL trainer (GRPO/PPO/TRPO).")
     sft: SFTConfig = Field(

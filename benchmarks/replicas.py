@@ -1,0 +1,313 @@
+"""One in-process engine vs engine replicas as Ray actors, side by side in one run.
+
+    .venv/bin/python benchmarks/replicas.py --json                       # SmolLM2-135M
+    .venv/bin/python benchmarks/replicas.py --model tiny --concurrency 16 --json
+
+Three measurements, each printed in one JSON object:
+
+* **throughput**: ``concurrency`` chat prompts × exactly ``new_tokens`` tokens (temperature 1,
+  EOS not a stop), submitted at once: one :class:`~provrl.engine.LocalEngine` in this
+  process with ``--threads`` torch threads vs ``--replicas`` Ray actors with one thread each
+  (:class:`~provrl.distributed.engine.RayEngine`, the router placing requests). Repeats
+  alternate the order; the headline is the median of per-repeat ratios.
+* **hot-load**: while every request is generating, a new version is published once and
+  loaded with ``schedule: all`` or ``rolling`` (alternating, ``--swaps`` each, modes keep and
+  drain): per-replica pause (the replica's own ``update_ms``), the schedule's wall time, and
+  the time every replica was inside its load call at once (the driver's call windows
+  intersected: an upper bound of the time no replica generated).
+* **kill**: with every request generating, one replica is killed (``ray.kill``): turns
+  resubmitted, lost (failed futures) and delivered twice (must be 0, 0), the replica's
+  time to recover (death seen → new process ready at the current version), the run's wall
+  time against the same run undisturbed. With ``--episodes`` also at the episode level: a
+  collector over a small world, one replica killed after the first trajectory — episodes
+  written, lost, written twice, aborted, turns resubmitted, requests re-prefilled.
+"""
+
+from __future__ import annotations
+
+import argparse
+import functools
+import json
+import os
+import statistics
+import time
+from typing import Any
+
+
+def median(xs: list[float]) -> float:
+    return float(statistics.median(xs)) if xs else float("nan")
+
+
+def run_batch(engine: Any, prompts: list[list[int]], new_tokens: int, seed: int) -> tuple[int, float]:  # fmt: skip
+    """Submit every prompt at once; (tokens sampled, seconds until the last turn ended)."""
+    from provrl.engine.bench import engine_run
+
+    outs, dt = engine_run(engine, prompts, new_tokens, seed)
+    return sum(len(o.token_ids) for o in outs), dt
+
+
+def perturbed(sd: dict[str, Any], version: int) -> dict[str, Any]:
+    import torch
+
+    g = torch.Generator().manual_seed(version)
+    return {k: v + 1e-3 * v.std() * torch.randn(v.shape, generator=g) for k, v in sd.items()}
+
+
+def wait_tokens(engine: Any, more_than: float, timeout: float = 600.0) -> None:
+    t_end = time.perf_counter() + timeout
+    while engine.stats()["tokens_generated"] <= more_than:
+        if time.perf_counter() > t_end:
+            raise TimeoutError("no token generated")
+        time.sleep(0.01)
+
+
+def timed_load(
+    client: Any, *, version: int, ref: Any, mode: str, windows: list[tuple[float, float]]
+) -> Any:
+    """One replica's load of a published version; its call window goes to ``windows``."""
+    a = time.perf_counter()
+    rep = client.load_published(version, ref, mode)
+    windows.append((a, time.perf_counter()))
+    return rep
+
+
+def hotload_phase(
+    eng: Any, prompts: list[list[int]], new_tokens: int, sd: dict[str, Any], swaps: int
+) -> dict[str, Any]:
+    """Swaps under load, alternating schedules; per schedule and mode the medians."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    from provrl.provenance import SamplingParams
+
+    rows: dict[str, dict[str, list[float]]] = {}
+    version = eng.version
+    for mode in ("keep", "drain"):
+        for i in range(2 * swaps):
+            schedule = ("all", "rolling")[i % 2]
+            version += 1
+            weights = perturbed(sd, version)
+            t0 = eng.stats()["tokens_generated"]
+            futs = [
+                eng.submit(p, SamplingParams(temperature=1.0, max_new_tokens=new_tokens, seed=j))
+                for j, p in enumerate(prompts)
+            ]
+            wait_tokens(eng, t0 + len(prompts))  # every replica is generating
+            windows: list[tuple[float, float]] = []
+            ref = eng.store.publish(weights, version)
+            t = time.perf_counter()
+            load = functools.partial(timed_load, version=version, ref=ref, mode=mode, windows=windows)  # fmt: skip
+            if schedule == "all":
+                with ThreadPoolExecutor(len(eng.clients)) as ex:
+                    reports = list(ex.map(load, eng.clients))
+            else:
+                reports = [load(c) for c in eng.clients]
+            wall = (time.perf_counter() - t) * 1e3
+            overlap = max(0.0, min(b for _, b in windows) - max(a for a, _ in windows)) * 1e3
+            in_flight = sum(r.in_flight for r in reports)
+            for f in futs:
+                eng.release(f.result().request_id)
+            r = rows.setdefault(f"{schedule}/{mode}", {})
+            for k, v in (
+                ("pause_ms_per_replica", median([x.update_ms for x in reports])),
+                ("pause_ms_max", max(x.update_ms for x in reports)),
+                ("schedule_wall_ms", wall),
+                ("all_replicas_paused_ms", overlap),
+                ("in_flight", float(in_flight)),
+            ):
+                r.setdefault(k, []).append(v)
+    return {
+        key: {k: median(v) for k, v in r.items()} | {"swaps": len(r["schedule_wall_ms"])}
+        for key, r in rows.items()
+    }
+
+
+def kill_phase(
+    eng: Any, prompts: list[list[int]], new_tokens: int, victim: int = 1
+) -> dict[str, Any]:
+    """The same batch undisturbed and with one replica killed while it generates."""
+    from provrl.provenance import SamplingParams
+
+    _, undisturbed = run_batch(eng, prompts, new_tokens, seed=7)
+    s0 = eng.stats()
+    t = time.perf_counter()
+    futs = [
+        eng.submit(p, SamplingParams(temperature=1.0, max_new_tokens=new_tokens, seed=7 + i))
+        for i, p in enumerate(prompts)
+    ]
+    wait_tokens(eng, s0["tokens_generated"] + len(prompts))
+    eng.kill_replica(victim)
+    delivered, lost = [], 0
+    for f in futs:
+        try:
+            delivered.append(f.result())
+        except Exception:
+            lost += 1
+    wall = time.perf_counter() - t
+    for o in delivered:
+        eng.release(o.request_id)
+    s1 = eng.stats()
+    ids = [o.request_id for o in delivered]
+    return {
+        "requests": len(prompts),
+        "on_killed_replica": sum(o.replica == victim for o in delivered),
+        "turns_resubmitted": s1["turns_resubmitted"] - s0["turns_resubmitted"],
+        "turns_lost": lost,
+        "turns_delivered_twice": len(ids) - len(set(ids)),
+        "short_turns": sum(len(o.token_ids) != new_tokens for o in delivered),
+        "recover_s": s1["recover_s_last"],
+        "wall_s": wall,
+        "undisturbed_wall_s": undisturbed,
+        "version_after": eng.versions(),
+    }
+
+
+def episode_kill_phase(eng: Any, lm: Any, tasks: int, k: int, concurrency: int) -> dict[str, Any]:
+    """A collector's episodes on the Ray engine, one replica killed after the first."""
+    import tempfile
+    import threading
+    from pathlib import Path
+
+    from provrl.env.build import ensure_world, load_split
+    from provrl.env.config import EnvConfig, WorldConfig
+    from provrl.pipeline.collector import Collector, build_env
+    from provrl.trajlog import TrajectoryWriter, read_all
+
+    world = ensure_world(WorldConfig(seed=7, entities=300, docs=800, tasks=240))
+    env_cfg = EnvConfig()
+    env_cfg.agent.max_new_tokens, env_cfg.agent.max_turns = 64, 3
+    env = build_env(eng, lm, world, env_cfg)
+    todo = load_split(world, "train")[:tasks]
+    killed = threading.Event()
+
+    def kill_once(_traj: Any) -> None:
+        if not killed.is_set():
+            killed.set()
+            eng.kill_replica(1)
+
+    s0 = eng.stats()
+    with tempfile.TemporaryDirectory() as d:
+        log = Path(d) / "traj.jsonl"
+        t = time.perf_counter()
+        with (
+            TrajectoryWriter(log) as w,
+            Collector(env, concurrency=concurrency, seed=3, writer=w, on_trajectory=kill_once) as c,
+        ):
+            groups = list(c.run(todo, k))
+        wall = time.perf_counter() - t
+        written = read_all(log)
+    s1 = eng.stats()
+    ids = [x.traj_id for x in written]
+    return {
+        "episodes": tasks * k,
+        "groups_complete": len(groups),
+        "written": len(ids),
+        "lost": tasks * k - len(set(ids)),
+        "written_twice": len(ids) - len(set(ids)),
+        "aborted": sum(str(x.meta.get("finish", "")).startswith("engine_") for x in written),
+        "turns_resubmitted": s1["turns_resubmitted"] - s0["turns_resubmitted"],
+        "requests_reprefilled": s1["requests_reprefilled"] - s0["requests_reprefilled"],
+        "deaths": s1["deaths"] - s0["deaths"],
+        "recover_s": s1["recover_s_last"],
+        "wall_s": wall,
+    }
+
+
+def main(argv: list[str] | None = None) -> dict[str, Any]:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--model", default="smollm2-135m")
+    ap.add_argument("--concurrency", type=int, default=64)
+    ap.add_argument("--new-tokens", type=int, default=128)
+    ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--threads", type=int, default=2, help="torch threads of the in-process engine")  # fmt: skip
+    ap.add_argument("--replicas", type=int, default=2)
+    ap.add_argument("--swaps", type=int, default=2, help="hot-loads per schedule and mode")
+    ap.add_argument("--episodes", type=int, default=0, help="tasks of the episode kill phase (×4 samples; 0 skips it)")  # fmt: skip
+    ap.add_argument("--json", action="store_true")
+    args = ap.parse_args(argv)
+    import importlib.util
+
+    if importlib.util.find_spec("ray") is None:  # `make bench` runs without the extra
+        skipped = {"skipped": "needs ray: pip install 'provrl[ray]'"}
+        print(json.dumps(skipped))
+        return skipped
+
+    import torch
+
+    from provrl.distributed.config import RayConfig
+    from provrl.distributed.engine import RayEngine
+    from provrl.engine import EngineConfig, LocalEngine
+    from provrl.engine.bench import bench_prompts
+    from provrl.models import load_model
+
+    say = (lambda m: None) if args.json else print
+    lm = load_model(args.model)
+    prompts = bench_prompts(lm.tokenizer, args.concurrency)
+    ctx = max(len(p) for p in prompts) + args.new_tokens + 8
+    if args.episodes:
+        ctx = max(ctx, 1544)  # the agent's token budget
+    cfg = EngineConfig(max_seqs=args.concurrency, max_context=ctx, eos_stops=False)
+    local = LocalEngine(lm, cfg.model_copy(update={"threads": args.threads}))
+    rcfg = RayConfig(num_cpus=args.replicas, replicas=args.replicas, threads=1, schedule="rolling")
+    t = time.perf_counter()
+    ray_eng = RayEngine(lm, cfg, rcfg)
+    start_s = time.perf_counter() - t
+    say(f"ray replicas started in {start_s:.1f} s")
+    for e in (local, ray_eng):  # warm-up
+        run_batch(e, prompts[:4], 4, seed=0)
+
+    local_tps, ray_tps, ratios = [], [], []
+    for r in range(args.repeats):
+        order = (("local", local), ("ray", ray_eng))
+        res: dict[str, float] = {}
+        for who, e in order if r % 2 == 0 else order[::-1]:
+            n, dt = run_batch(e, prompts, args.new_tokens, seed=1000 * r)
+            res[who] = n / dt
+            say(f"repeat {r + 1}: {who} {res[who]:.1f} tokens/s")
+        local_tps.append(res["local"])
+        ray_tps.append(res["ray"])
+        ratios.append(res["ray"] / res["local"])
+    local.close()
+
+    sd = {k: v.detach().clone() for k, v in lm.model.state_dict().items()}
+    say("hot-load")
+    hot = hotload_phase(ray_eng, prompts, args.new_tokens, sd, args.swaps)
+    say("kill")
+    kill = kill_phase(ray_eng, prompts, args.new_tokens)
+    episodes = (
+        episode_kill_phase(ray_eng, lm, args.episodes, 4, min(16, args.concurrency))
+        if args.episodes
+        else None
+    )
+    stats = ray_eng.stats()
+    ray_eng.close()
+    result: dict[str, Any] = {
+        "model": args.model,
+        "concurrency": args.concurrency,
+        "new_tokens": args.new_tokens,
+        "repeats": args.repeats,
+        "cpus": os.cpu_count(),
+        "load_average_1m": os.getloadavg()[0],
+        "in_process": {"threads": args.threads, "tokens_per_s": median(local_tps)},
+        "ray": {
+            "replicas": args.replicas,
+            "threads_per_replica": 1,
+            "tokens_per_s": median(ray_tps),
+            "start_s": start_s,
+        },
+        "ratio_ray_vs_in_process": median(ratios),
+        "ratio_all": ratios,
+        "in_process_tokens_per_s_all": local_tps,
+        "ray_tokens_per_s_all": ray_tps,
+        "hotload": hot,
+        "published_versions": stats["published_versions"],
+        "published_mb_per_version": stats["published_mb"] / max(stats["published_versions"], 1),
+        "kill": kill,
+        "episode_kill": episodes,
+        "torch_threads_driver": torch.get_num_threads(),
+    }
+    print(json.dumps(result, indent=2, default=float))
+    return result
+
+
+if __name__ == "__main__":
+    main()
