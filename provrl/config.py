@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import contextlib
 import reprlib
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Annotated, Any, TypeVar
 
@@ -176,14 +177,35 @@ def deep_merge(base: dict[str, Any], top: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
-def _format_errors(err: ValidationError, source: str) -> str:
+def _flag_at(loc: tuple[str | int, ...], flags: Mapping[str, str]) -> tuple[str, str] | None:
+    """(flag, its key) of the flag whose key is ``loc`` or holds it (an item of a list)."""
+    for n in range(len(loc), 0, -1):
+        key = ".".join(map(str, loc[:n]))
+        if key in flags:
+            return flags[key], key
+    return None
+
+
+class FlagError(ConfigError):
+    """A command-line flag's value is invalid for the config field it sets
+    (:mod:`provrl.config_cli` turns it into a usage error naming the flag)."""
+
+
+def _format_errors(
+    err: ValidationError, source: str, flags: Mapping[str, str] | None = None
+) -> str:
+    flags = flags or {}
     lines = []
     for e in err.errors():
         key = ".".join(str(p) for p in e["loc"]) or "<root>"
+        got = _SHORT.repr(e.get("input"))
         if e["type"] == "extra_forbidden":
             lines.append(f"{source}: unknown key {key!r}{did_you_mean(err.title, e['loc'])}")
+        elif (flag := _flag_at(e["loc"], flags)) is not None:
+            name, at = flag
+            lines.append(f"{name}: field {at.rsplit('.', 1)[-1]!r} ({key}): {e['msg']} (got {got})")
         else:
-            lines.append(f"{source}: key {key!r}: {e['msg']} (got {_SHORT.repr(e.get('input'))})")
+            lines.append(f"{source}: key {key!r}: {e['msg']} (got {got})")
     return "\n".join(lines)
 
 
@@ -210,11 +232,14 @@ def load_config(
     cls: type[C],
     preset: str | Path | None = None,
     overrides: list[str] | tuple[str, ...] = (),
+    flags: Mapping[str, tuple[str, Any]] | None = None,
 ) -> C:
-    """Build ``cls`` from a YAML preset and ``key.sub=value`` overrides.
+    """Build ``cls`` from a YAML preset, ``key.sub=value`` overrides and ``flags`` (dotted
+    key → (the flag that gave it, its typed value); applied last).
 
     The preset is validated on its own first, so an unknown key in the file is reported
-    against the file, and an unknown key in an override against the command line."""
+    against the file, and an unknown key in an override against the command line; a bad
+    flag value raises :class:`FlagError` naming the flag and the field."""
     data: dict[str, Any] = {}
     if preset is not None:
         path = preset_path(preset)
@@ -224,10 +249,15 @@ def load_config(
         except ValidationError as e:
             raise ConfigError(_format_errors(e, str(path))) from None
     merged = deep_merge(data, parse_overrides(overrides))
+    names = {key: name for key, (name, _) in (flags or {}).items()}
+    for key, (_, value) in (flags or {}).items():
+        _set_dotted(merged, key, value)
     try:
         return cls.model_validate(merged)
     except ValidationError as e:
-        raise ConfigError(_format_errors(e, "command line")) from None
+        msg = _format_errors(e, "command line", names)
+        at_flag = any(_flag_at(x["loc"], names) is not None for x in e.errors())
+        raise (FlagError if at_flag else ConfigError)(msg) from None
 
 
 def dump_config(cfg: BaseModel) -> str:

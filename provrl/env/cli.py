@@ -1,5 +1,7 @@
-"""`provrl world`, `provrl serve-search`, `provrl eval`, `provrl bench search` (issue 4).
+"""`provrl world`, `provrl serve-search`, `provrl eval`, `provrl index`, `provrl bench search`.
 
+Each takes ``--config FILE`` / ``--set key=value`` over the run config's ``env`` section
+(and ``model.dtype``); its flags are generated from those fields (:mod:`provrl.config_cli`).
 Heavy imports happen inside the commands, so ``provrl --help`` stays instant.
 """
 
@@ -7,56 +9,47 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Annotated, Any
+from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
-from provrl.env.config import AgentConfig, EnvConfig, EvalConfig, SearchConfig, WorldConfig
-from provrl.env.search import RetrieveLimits
+from provrl.config_cli import config_options
+from provrl.env.config import WorldConfig
 
-_W = WorldConfig()
-_A = AgentConfig()
-_S = SearchConfig()
-_E = EvalConfig()
-_L = RetrieveLimits()
+if TYPE_CHECKING:
+    from provrl.run_config import RunConfig
 
-
-def _world_cfg(seed: int, entities: int | None, docs: int, tasks: int) -> WorldConfig:
-    ents = (
-        entities
-        if entities is not None
-        else (_W.entities if docs == _W.docs else max(50, int(docs * 0.4)))
-    )
-    return WorldConfig(seed=seed, entities=ents, docs=docs, tasks=tasks)
+JsonOpt = Annotated[bool, typer.Option("--json", help="Print the summary as JSON.")]
+WorldOpt = Annotated[
+    Path | None, typer.Option("--world", help="World directory (default: the config's world).")
+]
 
 
-def _resolve_world(
-    world: Path | None, seed: int, entities: int | None, docs: int, tasks: int
-) -> Path:
-    from provrl.env.build import ensure_world
+def world_config(w: WorldConfig) -> WorldConfig:
+    """``w``, with ``entities`` following ``docs`` (0.4 per document, at least 50) when only
+    ``docs`` was changed — so ``provrl world --docs 100000`` is a world of the same density."""
+    if "entities" in w.model_fields_set or w.docs == WorldConfig().docs:
+        return w
+    return w.model_copy(update={"entities": max(50, int(w.docs * 0.4))})
 
-    return ensure_world(_world_cfg(seed, entities, docs, tasks), world)
 
-
+@config_options({n: f"env.world.{n}" for n in ("seed", "entities", "docs", "tasks")})
 def world(
+    cfg: RunConfig,
     out: Annotated[
-        Path | None, typer.Option(help="Output directory (default: the cached default world).")
+        Path | None,
+        typer.Option(help="Output directory (default: the cached world of the config)."),
     ] = None,
-    seed: Annotated[int, typer.Option(help="Generator seed.")] = _W.seed,
-    entities: Annotated[
-        int | None, typer.Option(help="Entities (default 2000, or 0.4 × --docs).")
-    ] = None,
-    docs: Annotated[int, typer.Option(help="Target number of documents.")] = _W.docs,
-    tasks: Annotated[int, typer.Option(help="Tasks to generate (all splits).")] = _W.tasks,
     overwrite: Annotated[bool, typer.Option(help="Replace an existing directory.")] = False,
-    as_json: Annotated[bool, typer.Option("--json", help="Print the summary as JSON.")] = False,
+    as_json: JsonOpt = False,
 ) -> None:
-    """Generate the synthetic search world: corpus, BM25 index, tasks verified by the oracle."""
+    """Generate the synthetic search world: corpus, BM25 index, tasks verified by the oracle.
+    Without --entities, a changed --docs brings 0.4 entities per document."""
     from provrl.env.build import build_world, default_world_dir
 
-    cfg = _world_cfg(seed, entities, docs, tasks)
-    target = out or default_world_dir(cfg)
-    summary = build_world(cfg, target, progress=not as_json, overwrite=overwrite)
+    wcfg = world_config(cfg.env.world)
+    target = out or default_world_dir(wcfg)
+    summary = build_world(wcfg, target, progress=not as_json, overwrite=overwrite)
     summary["dir"] = str(target)
     if as_json:
         typer.echo(json.dumps(summary))
@@ -74,105 +67,98 @@ def world(
     typer.echo(f"  seconds: {summary['seconds']}")
 
 
+L = "env.serve.limits."
+
+
+@config_options(
+    {
+        "host": "env.serve.host",
+        "port": "env.serve.port",
+        "k": "env.search.k",
+        "max_topk": L + "max_topk",
+        "max_queries": L + "max_queries",
+        "max_query_chars": L + "max_query_chars",
+        "max_body_bytes": L + "max_body_bytes",
+        "time_budget": L + "time_budget_s",
+        "title_weight": "env.search.title_weight",
+        "latency_sigma": "env.search.latency.sigma",
+        "index": "env.search.index",
+    }
+)
 def serve_search(
-    world_dir: Annotated[
-        Path | None, typer.Option("--world", help="World directory (default: the default world).")
-    ] = None,
-    host: Annotated[
-        str, typer.Option(help="Interface to bind (127.0.0.1 = local only).")
-    ] = "127.0.0.1",
-    port: Annotated[int, typer.Option(help="TCP port.", min=0, max=65535)] = 8765,
-    k: Annotated[int, typer.Option(help="Default topk when a request has none.")] = _S.k,
-    max_topk: Annotated[
-        int, typer.Option(help="Largest topk a request may ask for.")
-    ] = _L.max_topk,
-    max_queries: Annotated[int, typer.Option(help="Most queries in one request.")] = _L.max_queries,
-    max_query_chars: Annotated[
-        int, typer.Option(help="Longest query (characters); longer ones get 422.")
-    ] = _L.max_query_chars,
-    max_body_bytes: Annotated[
-        int, typer.Option(help="Largest request body (bytes); larger ones get 413.")
-    ] = _L.max_body_bytes,
-    time_budget: Annotated[
-        float, typer.Option(help="Seconds one request may run before it stops (503).")
-    ] = _L.time_budget_s,
-    title_weight: Annotated[
-        float, typer.Option(help="BM25 weight of the title column.")
-    ] = _S.title_weight,
+    cfg: RunConfig,
+    world_dir: WorldOpt = None,
     latency_median: Annotated[
-        float, typer.Option(help="Add log-normal latency with this median (s); 0 = none.")
+        float,
+        typer.Option(
+            help="Add log-normal latency with this median (s) to every call (= --set "
+            "env.search.latency.kind=lognormal --set env.search.latency.median_s=S); 0 = the "
+            "config's latency (none by default)."
+        ),
     ] = 0.0,
-    latency_sigma: Annotated[float, typer.Option(help="Log-normal σ of the latency.")] = 0.6,
-    index: Annotated[
-        Path | None,
-        typer.Option(help="Serve this index (from `provrl index docs.jsonl`) instead of a world."),
-    ] = None,
 ) -> None:
-    """Serve the search index over HTTP with the Search-R1 / FlashRAG /retrieve protocol."""
+    """Serve the search index over HTTP with the Search-R1 / FlashRAG /retrieve protocol
+    (the world's index, or --index of `provrl index docs.jsonl`)."""
     from provrl.extras import require
 
     for module in ("fastapi", "uvicorn"):
         require(module, "serve", "provrl serve-search")
-    from provrl.env.config import LatencyConfig
+    from provrl.env.build import ensure_world
     from provrl.env.http_search import serve
     from provrl.env.latency import LatencyModel, WithLatency
     from provrl.env.sqlite_index import SqliteSearch, cached_index
 
-    if index is not None:
-        served: Path = index
+    s, sv = cfg.env.search, cfg.env.serve
+    if s.index:
+        served = Path(s.index)
     else:
-        served = cached_index(
-            _resolve_world(world_dir, _W.seed, None, _W.docs, _W.tasks), progress=True
-        )
-    backend: Any = SqliteSearch(served, title_weight=title_weight)
-    if latency_median > 0:
-        backend = WithLatency(
-            backend,
-            LatencyModel(
-                LatencyConfig(kind="lognormal", median_s=latency_median, sigma=latency_sigma)
-            ),
-        )
-    typer.echo(f"serving {served} on http://{host}:{port}/retrieve (Ctrl-C to stop)", err=True)
-    limits = RetrieveLimits(
-        max_topk=max_topk,
-        max_queries=max_queries,
-        max_query_chars=max_query_chars,
-        max_body_bytes=max_body_bytes,
-        time_budget_s=time_budget,
+        served = cached_index(ensure_world(cfg.env.world, world_dir), progress=True)
+    backend: Any = SqliteSearch(
+        served, title_weight=s.title_weight, snippet_words=s.snippet_words, open_words=s.open_words
     )
-    serve(backend, host=host, port=port, topk=k, limits=limits)
+    latency = s.latency
+    if latency_median > 0:
+        latency = latency.model_copy(update={"kind": "lognormal", "median_s": latency_median})
+    if latency.kind != "none":
+        backend = WithLatency(backend, LatencyModel(latency))
+    typer.echo(
+        f"serving {served} on http://{sv.host}:{sv.port}/retrieve (Ctrl-C to stop)", err=True
+    )
+    serve(backend, host=sv.host, port=sv.port, topk=s.k, limits=sv.limits)
 
 
+A = "env.agent."
+
+
+@config_options(
+    {
+        "split": "env.eval.split",
+        "n": "env.eval.n",
+        "k": "env.eval.k",
+        "tiers": "env.eval.tiers",
+        "shots": A + "shots",
+        "protocol": A + "protocol",
+        "temperature": A + "temperature",
+        "top_p": A + "top_p",
+        "max_turns": A + "max_turns",
+        "max_tool_calls": A + "max_tool_calls",
+        "max_total_tokens": A + "max_total_tokens",
+        "max_new_tokens": A + "max_new_tokens",
+        "search_k": "env.search.k",
+        "backend": "env.search.backend",
+        "url": "env.search.url",
+        "index": "env.search.index",
+        "concurrency": "env.eval.concurrency",
+        "seed": "env.eval.seed",
+        "dtype": "model.dtype",
+    }
+)
 def eval_cmd(
+    cfg: RunConfig,
     policy: Annotated[
         str, typer.Option(help="'oracle', a model name (smollm2-135m, tiny) or a checkpoint dir.")
     ] = "oracle",
-    split: Annotated[str, typer.Option(help="train / dev / test.")] = _E.split,
-    n: Annotated[int, typer.Option(help="Number of tasks (0 = the whole split).")] = _E.n,
-    k: Annotated[int, typer.Option(help="Samples per task.")] = _E.k,
-    tiers: Annotated[
-        str, typer.Option(help="Comma-separated tiers to keep, e.g. '1' or '1,2' (default all).")
-    ] = "",
-    shots: Annotated[int, typer.Option(help="Worked examples in the prompt.")] = _A.shots,
-    world_dir: Annotated[
-        Path | None, typer.Option("--world", help="World directory (default: the default world).")
-    ] = None,
-    protocol: Annotated[str, typer.Option(help="tag or hermes.")] = _A.protocol,
-    temperature: Annotated[float, typer.Option(help="Sampling temperature.")] = _A.temperature,
-    top_p: Annotated[float, typer.Option(help="Nucleus mass.")] = _A.top_p,
-    max_turns: Annotated[int, typer.Option(help="Assistant turns per episode.")] = _A.max_turns,
-    max_tool_calls: Annotated[
-        int, typer.Option(help="Tool calls per episode.")
-    ] = _A.max_tool_calls,
-    max_total_tokens: Annotated[
-        int, typer.Option(help="Token budget per episode.")
-    ] = _A.max_total_tokens,
-    max_new_tokens: Annotated[
-        int, typer.Option(help="Sampled tokens per turn.")
-    ] = _A.max_new_tokens,
-    search_k: Annotated[int, typer.Option(help="Search results per query.")] = _S.k,
-    backend: Annotated[str, typer.Option(help="sqlite or http.")] = _S.backend,
-    url: Annotated[str, typer.Option(help="/retrieve service URL (backend http).")] = _S.url,
+    world_dir: WorldOpt = None,
     tasks: Annotated[
         Path | None,
         typer.Option(
@@ -182,19 +168,12 @@ def eval_cmd(
     ] = None,
     search_url: Annotated[
         str | None,
-        typer.Option(help="A Search-R1 / FlashRAG /retrieve URL (sets --backend http)."),
-    ] = None,
-    index: Annotated[
-        Path | None,
-        typer.Option(help="A search index built by `provrl index docs.jsonl` (backend sqlite)."),
+        typer.Option(help="A Search-R1 / FlashRAG /retrieve URL (= --backend http --url URL)."),
     ] = None,
     tokenizer: Annotated[
         str,
         typer.Option(help="--policy oracle: tokenize its traces for this model (name or dir)."),
     ] = "smollm2-135m",
-    concurrency: Annotated[int, typer.Option(help="Agent loops at once.")] = _E.concurrency,
-    seed: Annotated[int, typer.Option(help="Seed for task choice and sampling.")] = _E.seed,
-    dtype: Annotated[str, typer.Option(help="Model dtype.")] = "float32",
     run_dir: Annotated[
         Path | None, typer.Option(help="Where trajectories and eval.json go.")
     ] = None,
@@ -203,51 +182,31 @@ def eval_cmd(
     ] = False,
 ) -> None:
     """Evaluate a policy on a task split: accuracy, pass@k, tool calls, tokens, per tier, K histogram."""
+    from provrl.env.build import ensure_world
     from provrl.env.evaluate import evaluate
 
+    env = cfg.env
     if search_url is not None:
-        backend, url = "http", search_url
-    cfg = EnvConfig(
-        search=SearchConfig(
-            backend=backend,  # type: ignore[arg-type]
-            url=url,
-            k=search_k,
-            index=str(index) if index is not None else "",
-        ),
-        agent=AgentConfig(
-            protocol=protocol,  # type: ignore[arg-type]
-            shots=shots,
-            temperature=temperature,
-            top_p=top_p,
-            max_turns=max_turns,
-            max_tool_calls=max_tool_calls,
-            max_total_tokens=max_total_tokens,
-            max_new_tokens=max_new_tokens,
-        ),
-        eval=EvalConfig(
-            split=split,  # type: ignore[arg-type]
-            n=n,
-            k=k,
-            tiers=tuple(int(x) for x in tiers.split(",") if x.strip()),
-            concurrency=concurrency,
-            seed=seed,
-        ),
+        env.search.backend, env.search.url = "http", search_url
+    ev, a = env.eval, env.agent
+    needs_world = (
+        tasks is None or a.shots > 0 or (env.search.backend == "sqlite" and not env.search.index)
     )
-    needs_world = tasks is None or shots > 0 or (cfg.search.backend == "sqlite" and index is None)
-    wd = _resolve_world(world_dir, _W.seed, None, _W.docs, _W.tasks) if needs_world else None
+    wd = ensure_world(env.world, world_dir) if needs_world else None
     name = Path(policy).name if Path(policy).exists() else policy
-    tag = f"-tiers{tiers.replace(',', '')}" if tiers else ""
-    where = split if tasks is None else tasks.stem
-    rd = run_dir or Path("runs") / "eval" / f"{name}-{where}{tag}-n{n}-k{k}-shots{shots}"
+    tag = f"-tiers{''.join(map(str, ev.tiers))}" if ev.tiers else ""
+    where = ev.split if tasks is None else tasks.stem
+    rd = run_dir or Path("runs") / "eval" / f"{name}-{where}{tag}-n{ev.n}-k{ev.k}-shots{a.shots}"
     summary = evaluate(
         policy,
         wd,
-        cfg,
+        env,
         rd,
         tasks_file=tasks,
         tokenizer=tokenizer,
+        engine_cfg=cfg.engine if "engine" in cfg.model_fields_set else None,
         progress=not as_json,
-        dtype=dtype,
+        dtype=cfg.model.dtype,
     )
     if as_json:
         typer.echo(json.dumps(summary))
@@ -255,7 +214,9 @@ def eval_cmd(
     typer.echo(json.dumps(summary, indent=2))
 
 
+@config_options({"passage_words": "env.search.passage_words"})
 def index_cmd(
+    cfg: RunConfig,
     docs: Annotated[
         Path,
         typer.Argument(
@@ -266,15 +227,14 @@ def index_cmd(
     out: Annotated[
         Path | None, typer.Option(help="Index file to write (default: DOCS with .sqlite).")
     ] = None,
-    passage_words: Annotated[
-        int, typer.Option(help="Passages are cut to at most this many words.")
-    ] = 128,
-    as_json: Annotated[bool, typer.Option("--json", help="Print the summary as JSON.")] = False,
+    as_json: JsonOpt = False,
 ) -> None:
     """Index your own document collection for search (SQLite FTS5 BM25, like the world's)."""
     from provrl.env.collection import index_collection
 
-    summary = index_collection(docs, out, passage_words=passage_words, progress=not as_json)
+    summary = index_collection(
+        docs, out, passage_words=cfg.env.search.passage_words, progress=not as_json
+    )
     if as_json:
         typer.echo(json.dumps(summary))
         return

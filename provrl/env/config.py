@@ -1,7 +1,8 @@
 """Typed settings of the search-agent environment (one :class:`Section` per part).
 
-The lead wires :class:`EnvConfig` into ``provrl.config.RunConfig`` as ``env``; every CLI
-option of ``provrl world / eval / bench search / serve-search`` maps onto a field here.
+:class:`EnvConfig` is the ``env`` section of :class:`provrl.run_config.RunConfig`; the
+convenience flags of ``provrl world / eval / index / serve-search`` are generated from
+these fields (:mod:`provrl.config_cli`).
 """
 
 from __future__ import annotations
@@ -11,6 +12,7 @@ from typing import Literal
 from pydantic import Field, field_validator, model_validator
 
 from provrl.config import Section, peer_names
+from provrl.env.search import RetrieveLimits
 
 VERL_ROLLOUT = "actor_rollout_ref.rollout."
 
@@ -99,6 +101,13 @@ class SearchConfig(Section):
     open_words: int = Field(160, ge=8, description="An opened document is cut to this many words.")
     latency: LatencyConfig = Field(
         default_factory=LatencyConfig, description="Simulated latency added to each call."
+    )
+    passage_words: int = Field(
+        128,
+        ge=8,
+        description="`provrl index`: documents of your own collection are cut at blank lines, "
+        "then into passages of at most this many words (the world's pages are cut by the "
+        "generator). 64-256 is typical; leave it unless your passages are very long or short.",
     )
 
 
@@ -205,6 +214,21 @@ class EvalConfig(Section):
     seed: int = Field(0, description="Seed for task sampling and samplers.")
 
 
+class ServeConfig(Section):
+    """``provrl serve-search``: where the /retrieve service listens and what one request may
+    ask (its search settings are the ``search`` section's)."""
+
+    host: str = Field(
+        "127.0.0.1",
+        description="Interface to bind (127.0.0.1 = this machine only; 0.0.0.0 exposes the "
+        "service to the network, which has no authentication).",
+    )
+    port: int = Field(8765, ge=0, le=65535, description="TCP port (0 = any free port).")
+    limits: RetrieveLimits = Field(
+        default_factory=RetrieveLimits, description="Bounds on one /retrieve request."
+    )
+
+
 class EnvConfig(Section):
     """Everything about the search-agent environment."""
 
@@ -212,3 +236,6 @@ class EnvConfig(Section):
     search: SearchConfig = Field(default_factory=SearchConfig, description="Search backend.")
     agent: AgentConfig = Field(default_factory=AgentConfig, description="Agent loop.")
     eval: EvalConfig = Field(default_factory=EvalConfig, description="Evaluation.")
+    serve: ServeConfig = Field(
+        default_factory=ServeConfig, description="`provrl serve-search` (the /retrieve service)."
+    )

@@ -107,17 +107,27 @@ class RetrieveLimits(Section):
     """What one ``/retrieve`` request may ask of the server (:mod:`provrl.env.http_search`;
     each field is a ``provrl serve-search`` option)."""
 
-    max_body_bytes: int = Field(4 << 20, ge=1024, description="Largest request body (bytes).")
-    max_queries: int = Field(4096, ge=1, description="Most queries in one request.")
+    max_body_bytes: int = Field(
+        4 << 20, ge=1024, description="Largest request body (bytes); larger ones get 413."
+    )
+    max_queries: int = Field(4096, ge=1, description="Most queries in one request; more get 422.")
     max_topk: int = Field(
-        1000, ge=1, description="Largest topk (Search-R1 configs may ask for more than 100)."
+        1000,
+        ge=1,
+        description="Largest topk a request may ask for (Search-R1 configs may ask for more "
+        "than 100); larger ones get 422.",
     )
     max_results: int = Field(
         50_000, ge=1, description="Most results one request may ask for (queries × topk)."
     )
-    max_query_chars: int = Field(MAX_QUERY_CHARS, ge=1, description="Longest query (characters).")
+    max_query_chars: int = Field(
+        MAX_QUERY_CHARS, ge=1, description="Longest query (characters); longer ones get 422."
+    )
     time_budget_s: float = Field(
-        30.0, gt=0, description="Wall-clock budget of one request; past it the request stops (503)."
+        30.0,
+        gt=0,
+        description="Wall-clock budget of one request; past it the request stops (503). "
+        "Leave it unless clients send very large batches on purpose.",
     )
 
 

@@ -4,6 +4,10 @@ Subcommands: ``bound`` (Theorem 1 on many exact cases), ``mm`` (Algorithm 1, ave
 policy iteration), ``mixed`` (mixed-version importance sampling), ``filtering`` (probe-k
 retention), ``all`` (everything, optionally copying the figures into docs/img/). Each writes
 ``<out>/<name>.json`` and ``<out>/theory_<name>.png``; ``--json`` prints the JSON only.
+
+Settings are the ``theory`` section of the run config (:class:`provrl.theory.config.
+TheoryConfig`): ``--config FILE``, ``--set theory.mm.gamma=0.95``, or the flags generated
+from its fields (:mod:`provrl.config_cli`).
 """
 
 from __future__ import annotations
@@ -13,36 +17,25 @@ import shutil
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Annotated, Any
+from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
-from pydantic import ValidationError
+
+from provrl.config_cli import config_options
+
+if TYPE_CHECKING:
+    from provrl.run_config import RunConfig
 
 app = typer.Typer(
     help="Exact TRPO theory on tabular MDPs: bounds, MM iteration, mixed-version IS.",
     no_args_is_help=True,
 )
 
-OutOpt = Annotated[Path, typer.Option("--out", help="Directory for PNGs and JSON.")]
 JsonOpt = Annotated[bool, typer.Option("--json", help="Print the result as JSON only.")]
 DOCS_IMG = Path(__file__).resolve().parents[2] / "docs" / "img"
-
-
-def _floats(text: str, name: str) -> list[float]:
-    try:
-        return [float(x) for x in text.split(",") if x.strip()]
-    except ValueError:
-        raise typer.BadParameter(
-            f"{name}: expected comma-separated numbers, got {text!r}"
-        ) from None
-
-
-def _config(cls: Any, **kwargs: Any) -> Any:
-    try:
-        return cls(**kwargs)
-    except ValidationError as e:
-        msgs = "; ".join(f"--{'.'.join(map(str, x['loc']))}: {x['msg']}" for x in e.errors())
-        raise typer.BadParameter(msgs) from None
+MM_FLAGS = ("mdp", "states", "actions", "gamma", "iters", "deltas", "c_scales", "seed")
+MIXED_FLAGS = ("vocab", "length", "eta", "target_version", "top_p", "kv_mix", "seed")
+FILTERING_FLAGS = ("ks", "a", "b", "mc_samples", "seed")
 
 
 @contextmanager
@@ -61,29 +54,10 @@ def _emit(result: dict[str, Any], out: Path, name: str, as_json: bool) -> None:
         typer.echo(json.dumps(result))
 
 
-@app.command("bound")
-def bound(
-    mdps: Annotated[int, typer.Option(help="Number of MDPs to sample.")] = 1000,
-    pairs_per_family: Annotated[int, typer.Option(help="Pairs per MDP and family.")] = 2,
-    search_steps: Annotated[int, typer.Option(help="Adversarial search steps per MDP.")] = 30,
-    seed: Annotated[int, typer.Option(help="Sampler seed.")] = 0,
-    out: OutOpt = Path("runs/theory"),
-    as_json: JsonOpt = False,
-    progress: Annotated[bool, typer.Option(help="Show a progress bar on stderr.")] = True,
-) -> None:
-    """Check J(π')−J(π) = Σ ρ_π' Ā (to 1e-9) and both TRPO bounds on random and adversarial
-    policy pairs; report violations, tightness quantiles and the gap-vs-α plot."""
+def _bound(cfg: Any, out: Path, as_json: bool, progress: bool) -> None:
     from provrl.theory.bound_check import check_bounds
-    from provrl.theory.config import BoundCheckConfig
     from provrl.theory.plots import plot_bound
 
-    cfg = _config(
-        BoundCheckConfig,
-        mdps=mdps,
-        pairs_per_family=pairs_per_family,
-        search_steps=search_steps,
-        seed=seed,
-    )
     res = check_bounds(cfg, progress=progress)
     res.summary["plot"] = str(plot_bound(res, out / "theory_bound.png"))
     _emit(res.summary, out, "bound", as_json)
@@ -100,39 +74,34 @@ def bound(
         raise typer.Exit(1)
 
 
-@app.command("mm")
-def mm(
-    mdp: Annotated[str, typer.Option(help="gridworld, chain, random or random_sparse.")] = (
-        "gridworld"
-    ),
-    states: Annotated[int, typer.Option(help="Number of states.")] = 16,
-    actions: Annotated[int, typer.Option(help="Actions (random MDPs).")] = 4,
-    gamma: Annotated[float, typer.Option(help="Discount γ.")] = 0.9,
-    iters: Annotated[int, typer.Option(help="Iterations per method.")] = 40,
-    deltas: Annotated[str, typer.Option(help="Average-KL step sizes δ.")] = "0.001,0.01,0.1,1",
-    c_scales: Annotated[str, typer.Option(help="Algorithm 1 penalty scales c (c·C).")] = "1,0.5",
-    seed: Annotated[int, typer.Option(help="Seed of a random MDP.")] = 0,
-    out: OutOpt = Path("runs/theory"),
+B = "theory.bound."
+
+
+@app.command("bound")
+@config_options(
+    {
+        "mdps": B + "mdps",
+        "pairs_per_family": B + "pairs_per_family",
+        "search_steps": B + "search_steps",
+        "seed": B + "seed",
+        "out": "theory.out",
+    }
+)
+def bound(
+    cfg: RunConfig,
     as_json: JsonOpt = False,
+    progress: Annotated[bool, typer.Option(help="Show a progress bar on stderr.")] = True,
 ) -> None:
-    """Exact Algorithm 1 (max L − C·D_KL^max), average-KL TRPO for several δ and policy
-    iteration (δ → ∞) from the uniform policy; plot J over iterations."""
+    """Check J(π')−J(π) = Σ ρ_π' Ā (to 1e-9) and both TRPO bounds on random and adversarial
+    policy pairs; report violations, tightness quantiles and the gap-vs-α plot."""
+    _bound(cfg.theory.bound, Path(cfg.theory.out), as_json, progress)
+
+
+def _mm(cfg: Any, out: Path, as_json: bool) -> None:
     from provrl.report.metrics import MetricsWriter
-    from provrl.theory.config import MMConfig
     from provrl.theory.mm import make_mdp, mm_report
     from provrl.theory.plots import plot_mm
 
-    cfg = _config(
-        MMConfig,
-        mdp=mdp,
-        states=states,
-        actions=actions,
-        gamma=gamma,
-        iters=iters,
-        deltas=_floats(deltas, "--deltas"),
-        c_scales=_floats(c_scales, "--c-scales"),
-        seed=seed,
-    )
     with _bad_parameter():
         m = make_mdp(cfg.mdp, cfg.states, cfg.actions, cfg.gamma, cfg.seed)
     summary, traces, J_star = mm_report(m, cfg.iters, cfg.deltas, cfg.c_scales)
@@ -155,34 +124,18 @@ def mm(
         typer.echo(f"plot: {summary['plot']}")
 
 
-@app.command("mixed")
-def mixed(
-    vocab: Annotated[int, typer.Option(help="Vocabulary size V.")] = 4,
-    length: Annotated[int, typer.Option(help="Tokens per trajectory T.")] = 6,
-    eta: Annotated[float, typer.Option(help="Policy change between versions.")] = 1.0,
-    target_version: Annotated[int, typer.Option(help="Version of π_θ (1 = newest sampler).")] = 1,
-    top_p: Annotated[float, typer.Option(help="Behaviour top-p of the truncation example.")] = 0.9,
-    kv_mix: Annotated[float, typer.Option(help="Stale-KV blend after the switch.")] = 0.3,
-    seed: Annotated[int, typer.Option(help="Seed of the sequence model.")] = 0,
-    out: OutOpt = Path("runs/theory"),
-    as_json: JsonOpt = False,
-) -> None:
-    """Exact IS with a mid-trajectory version switch: per-token provenance is unbiased;
-    latest/earliest attribution and top-p truncation are not (by how much)."""
-    from provrl.theory.config import MixedConfig
+@app.command("mm")
+@config_options({n: f"theory.mm.{n}" for n in MM_FLAGS} | {"out": "theory.out"})
+def mm(cfg: RunConfig, as_json: JsonOpt = False) -> None:
+    """Exact Algorithm 1 (max L − C·D_KL^max), average-KL TRPO for several δ and policy
+    iteration (δ → ∞) from the uniform policy; plot J over iterations."""
+    _mm(cfg.theory.mm, Path(cfg.theory.out), as_json)
+
+
+def _mixed(cfg: Any, out: Path, as_json: bool) -> None:
     from provrl.theory.mixed import mixed_version_report
     from provrl.theory.plots import plot_mixed
 
-    cfg = _config(
-        MixedConfig,
-        vocab=vocab,
-        length=length,
-        eta=eta,
-        target_version=target_version,
-        top_p=top_p,
-        kv_mix=kv_mix,
-        seed=seed,
-    )
     with _bad_parameter():
         rep = mixed_version_report(
             vocab=cfg.vocab,
@@ -220,24 +173,18 @@ def mixed(
         typer.echo(f"plot: {rep['plot']}")
 
 
-@app.command("filtering")
-def filtering(
-    ks: Annotated[str, typer.Option(help="Probe counts k.")] = "4,8,16",
-    a: Annotated[float, typer.Option(help="Beta prior a.")] = 1.0,
-    b: Annotated[float, typer.Option(help="Beta prior b.")] = 1.0,
-    mc_samples: Annotated[int, typer.Option(help="Monte-Carlo samples.")] = 200_000,
-    seed: Annotated[int, typer.Option(help="Monte-Carlo seed.")] = 0,
-    out: OutOpt = Path("runs/theory"),
-    as_json: JsonOpt = False,
-) -> None:
-    """Pr(0 < K < k | p) = 1 − p^k − (1−p)^k and its Beta(a, b) expectation (closed form via
-    Beta functions), checked by Monte-Carlo; plot for each k."""
-    from provrl.theory.config import FilteringConfig
+@app.command("mixed")
+@config_options({n: f"theory.mixed.{n}" for n in MIXED_FLAGS} | {"out": "theory.out"})
+def mixed(cfg: RunConfig, as_json: JsonOpt = False) -> None:
+    """Exact IS with a mid-trajectory version switch: per-token provenance is unbiased;
+    latest/earliest attribution and top-p truncation are not (by how much)."""
+    _mixed(cfg.theory.mixed, Path(cfg.theory.out), as_json)
+
+
+def _filtering(cfg: Any, out: Path, as_json: bool) -> None:
     from provrl.theory.filtering import filtering_report
     from provrl.theory.plots import plot_filtering
 
-    k_list = [int(k) for k in _floats(ks, "--ks")]
-    cfg = _config(FilteringConfig, ks=k_list, a=a, b=b, mc_samples=mc_samples, seed=seed)
     with _bad_parameter():
         rep = filtering_report(cfg.ks, cfg.a, cfg.b, cfg.mc_samples, cfg.seed)
     rep["plot"] = str(plot_filtering(cfg.ks, cfg.a, cfg.b, out / "theory_filtering.png"))
@@ -253,17 +200,27 @@ def filtering(
         typer.echo(f"plot: {rep['plot']}")
 
 
+@app.command("filtering")
+@config_options({n: f"theory.filtering.{n}" for n in FILTERING_FLAGS} | {"out": "theory.out"})
+def filtering(cfg: RunConfig, as_json: JsonOpt = False) -> None:
+    """Pr(0 < K < k | p) = 1 − p^k − (1−p)^k and its Beta(a, b) expectation (closed form via
+    Beta functions), checked by Monte-Carlo; plot for each k."""
+    _filtering(cfg.theory.filtering, Path(cfg.theory.out), as_json)
+
+
 @app.command("all")
+@config_options({"out": "theory.out", "mdps": B + "mdps"})
 def all_figures(
-    out: OutOpt = Path("runs/theory"),
-    mdps: Annotated[int, typer.Option(help="MDPs of the bound check.")] = 1000,
+    cfg: RunConfig,
     docs: Annotated[bool, typer.Option(help="Copy the PNGs into docs/img/.")] = False,
 ) -> None:
-    """Run bound, mm, mixed and filtering with their defaults (the figures of docs/theory.md)."""
-    bound(mdps=mdps, out=out, as_json=False, progress=True)
-    mm(out=out)
-    mixed(out=out)
-    filtering(out=out)
+    """Run bound, mm, mixed and filtering (the figures of docs/theory.md) with the
+    ``theory`` section's settings."""
+    t, out = cfg.theory, Path(cfg.theory.out)
+    _bound(t.bound, out, as_json=False, progress=True)
+    _mm(t.mm, out, as_json=False)
+    _mixed(t.mixed, out, as_json=False)
+    _filtering(t.filtering, out, as_json=False)
     if docs:
         DOCS_IMG.mkdir(parents=True, exist_ok=True)
         for name in ("bound", "mm", "mixed", "filtering"):

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import Field, model_validator
+from pydantic import Field, field_validator, model_validator
 
 from provrl.config import Section, peer_names
 from provrl.objectives.config import VERL_ACTOR, AdvantageConfig, ObjectiveConfig, TRPOConfig
@@ -211,7 +211,10 @@ class SFTConfig(Section):
     weight_decay: float = Field(0.0, ge=0, description="AdamW decoupled weight decay.")
     adam_eps: float = Field(1e-8, gt=0, description="AdamW ε.")
     max_grad_norm: float | None = Field(
-        1.0, gt=0, description="Clip the global gradient norm to this (None: no clipping)."
+        1.0,
+        gt=0,
+        description="Clip the global gradient norm to this (None or 0: no clipping). 0.5-1 is "
+        "typical; leave it unless the loss spikes.",
     )
     autocast: Literal["float32", "bfloat16"] = Field(
         "float32",
@@ -225,3 +228,9 @@ class SFTConfig(Section):
     )
     seed: int = Field(0, description="Seed of the trace subset and of the per-epoch shuffle.")
     progress: bool = Field(True, description="Show a progress bar (with ETA) over steps.")
+
+    @field_validator("max_grad_norm", mode="before")
+    @classmethod
+    def _zero_is_no_clipping(cls, v: object) -> object:
+        """``provrl sft --max-grad-norm 0`` has always meant no clipping."""
+        return None if v == 0 else v
