@@ -39,8 +39,8 @@ demo: setup
 	$(VENV)/bin/provrl run --preset default
 
 lint: setup-dev
-	$(VENV)/bin/ruff check provrl tests benchmarks
-	$(VENV)/bin/ruff format --check provrl tests benchmarks
+	$(VENV)/bin/ruff check provrl tests benchmarks examples
+	$(VENV)/bin/ruff format --check provrl tests benchmarks examples
 
 typecheck: setup-dev
 	$(VENV)/bin/mypy
