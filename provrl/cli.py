@@ -26,9 +26,10 @@ from typing import Annotated, Any
 import typer
 from typer.exceptions import TyperException
 
+from provrl.bench.cli import app as bench_app
 from provrl.classic.cli import trpo
 from provrl.engine.cli import bench_engine
-from provrl.env.cli import bench_search, eval_cmd, index_cmd, serve_search, world
+from provrl.env.cli import eval_cmd, index_cmd, serve_search, world
 from provrl.pipeline.cli import filter_cmd, probe, report, run
 from provrl.theory.cli import app as theory_app
 from provrl.train.sft_cli import sft
@@ -42,7 +43,6 @@ app = typer.Typer(
 )
 models_app = typer.Typer(help="List and check models.", no_args_is_help=True)
 traj_app = typer.Typer(help="Inspect trajectory logs.", no_args_is_help=True)
-bench_app = typer.Typer(help="Benchmarks (each prints JSON with --json).", no_args_is_help=True)
 
 app.add_typer(models_app, name="models")
 app.add_typer(traj_app, name="trajectories")
@@ -57,7 +57,6 @@ app.command("sft")(sft)
 app.command("probe")(probe)
 app.command("filter")(filter_cmd)
 bench_app.command("engine")(bench_engine)
-bench_app.command("search")(bench_search)
 
 
 # ----------------------------------------------------------------------------- models
@@ -155,21 +154,6 @@ def trajectories_export(
 
     summary = export_parquet(file, out or file.with_suffix(".parquet"))
     typer.echo(json.dumps(summary))
-
-
-# ----------------------------------------------------------------------------- bench
-@bench_app.command("log")
-def bench_log(
-    trajectories: Annotated[int, typer.Option(help="Number of trajectories.")] = 10_000,
-    tokens: Annotated[int, typer.Option(help="Tokens per trajectory.")] = 2_000,
-    repeats: Annotated[int, typer.Option(help="Repeats per format; medians reported.")] = 3,
-    as_json: Annotated[bool, typer.Option("--json", help="Print JSON only.")] = False,
-) -> None:
-    """Trajectory-log write/read throughput and bytes per token (benchmarks/provenance_log.py)."""
-    from provrl.bench_log import run_log_benchmark
-
-    result: dict[str, Any] = run_log_benchmark(trajectories, tokens, repeats=repeats)
-    typer.echo(json.dumps(result, indent=None if as_json else 2))
 
 
 # ----------------------------------------------------------------------------- config docs

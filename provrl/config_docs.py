@@ -24,7 +24,7 @@ HEADER = """# Configuration keys (generated)
 
 Every key of a run's configuration (`provrl run --preset NAME --set key.sub=value`, the YAML
 presets in `configs/`), grouped by section. Every other command reads the same tree:
-`provrl eval|world|index|serve-search|sft|theory … --config FILE --set key=value`,
+`provrl eval|world|index|serve-search|sft|theory …|bench … --config FILE --set key=value`,
 and each of its convenience flags is one key below (`provrl eval --k 8` is `--set
 env.eval.k=8`), generated from the field — its help is the meaning column
 (`provrl.config_cli`). Where TRL (`GRPOConfig`) or verl

@@ -10,6 +10,7 @@ from typing import Literal
 
 from pydantic import Field
 
+from provrl.bench.config import BenchConfig
 from provrl.classic.config import ClassicTRPOConfig
 from provrl.config import Section, TorchDevice, peer_names
 from provrl.distributed.config import RayConfig
@@ -69,9 +70,14 @@ class RunConfig(Section):
     pipeline: PipelineConfig = Field(
         default_factory=PipelineConfig, description="`provrl run`: stages, slices, RL loop."
     )
-    theory: TheoryConfig = Field(default_factory=TheoryConfig, description="Theory lab.")
+    theory: TheoryConfig = Field(
+        default_factory=TheoryConfig, description="`provrl theory …`: the theory lab."
+    )
     classic: ClassicTRPOConfig = Field(
         default_factory=ClassicTRPOConfig, description="TRPO on gymnasium control."
+    )
+    bench: BenchConfig = Field(
+        default_factory=BenchConfig, description="`provrl bench …`: the benchmarks."
     )
     logging: LoggingConfig = Field(default_factory=LoggingConfig, description="Outputs.")
     seed: int = Field(0, description="Global seed (python, numpy, torch).")

@@ -1,4 +1,4 @@
-"""`provrl world`, `provrl serve-search`, `provrl eval`, `provrl index`, `provrl bench search`.
+"""`provrl world`, `provrl serve-search`, `provrl eval`, `provrl index`.
 
 Each takes ``--config FILE`` / ``--set key=value`` over the run config's ``env`` section
 (and ``model.dtype``); its flags are generated from those fields (:mod:`provrl.config_cli`).
@@ -243,33 +243,3 @@ def index_cmd(
         f"passages)\n  use it: provrl eval --tasks TASKS.jsonl --index {summary['index']}\n"
         f"  or serve it: provrl serve-search --index {summary['index']}"
     )
-
-
-def bench_search(
-    docs: Annotated[int, typer.Option(help="Documents in the benchmark world.")] = 100_000,
-    seed: Annotated[int, typer.Option(help="World seed.")] = 0,
-    k: Annotated[int, typer.Option(help="Results per query (recall@k).")] = 10,
-    repeats: Annotated[int, typer.Option(help="Timed passes (medians are reported).")] = 3,
-    tasks: Annotated[int, typer.Option(help="Tasks whose queries are timed.")] = 2000,
-    peers: Annotated[
-        str, typer.Option(help="Comma-separated: bm25s, rank_bm25.")
-    ] = "bm25s,rank_bm25",
-    rank_bm25_queries: Annotated[
-        int, typer.Option(help="Queries per set for rank_bm25 (slow: pure Python).")
-    ] = 100,
-    as_json: Annotated[bool, typer.Option("--json", help="Print JSON only.")] = False,
-) -> None:
-    """SQLite FTS5 BM25 vs bm25s / rank_bm25: build time, latency p50/p99, QPS, recall@10."""
-    from provrl.env.bench import run_search_benchmark
-
-    result = run_search_benchmark(
-        docs,
-        seed=seed,
-        k=k,
-        repeats=repeats,
-        tasks=tasks,
-        peers=tuple(p.strip() for p in peers.split(",") if p.strip()),
-        rank_bm25_queries=rank_bm25_queries,
-        progress=not as_json,
-    )
-    typer.echo(json.dumps(result, indent=None if as_json else 2))

@@ -94,7 +94,7 @@ def test_rejects_undefined_positions_and_bad_temperature(tiny, ragged):
 
 @pytest.mark.slow
 def test_logprob_benchmark_runs_and_measures_both_methods():
-    from provrl.train.bench import run_logprob_benchmark
+    from provrl.bench.logprobs import run_logprob_benchmark
 
     r = run_logprob_benchmark("tiny", batch=2, seq_len=128, chunk_tokens=64, repeats=1)
     assert r["full_s"] > 0 and r["chunked_s"] > 0 and r["time_ratio"] > 0

@@ -1,0 +1,83 @@
+"""``provrl bench engine | search | log | logprobs``: each prints one JSON object.
+
+Every command takes ``--config FILE`` / ``--set bench.NAME.key=value``; its flags are
+generated from :mod:`provrl.bench.config` (:mod:`provrl.config_cli`). The scripts in
+``benchmarks/`` run these same commands.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import TYPE_CHECKING, Annotated, Any
+
+import typer
+
+from provrl.bench.config import (
+    LogBenchConfig,
+    LogprobBenchConfig,
+    SearchBenchConfig,
+)
+from provrl.config_cli import config_options
+
+if TYPE_CHECKING:
+    from provrl.run_config import RunConfig
+
+app = typer.Typer(help="Benchmarks (each prints JSON with --json).", no_args_is_help=True)
+JsonOpt = Annotated[bool, typer.Option("--json", help="Print JSON only (one line).")]
+
+
+def _flags(section: str, cls: Any, **renamed: str) -> dict[str, str]:
+    """One flag per field of ``cls`` (``bench.SECTION.field``); ``renamed`` maps a flag name
+    to the field it sets where the two differ."""
+    fields = {n: n for n in cls.model_fields}
+    for flag, name in renamed.items():
+        fields.pop(name)
+        fields[flag] = name
+    return {flag: f"bench.{section}.{name}" for flag, name in fields.items()}
+
+
+def _emit(result: dict[str, Any], as_json: bool) -> None:
+    typer.echo(json.dumps(result, indent=None if as_json else 2))
+
+
+@app.command("search")
+@config_options(_flags("search", SearchBenchConfig))
+def bench_search(cfg: RunConfig, as_json: JsonOpt = False) -> None:
+    """SQLite FTS5 BM25 vs bm25s / rank_bm25: build time, latency p50/p99, QPS, recall@10."""
+    from provrl.bench.search import run_search_benchmark
+
+    c = cfg.bench.search
+    result = run_search_benchmark(
+        c.docs,
+        seed=c.seed,
+        k=c.k,
+        repeats=c.repeats,
+        tasks=c.tasks,
+        peers=c.peers,
+        rank_bm25_queries=c.rank_bm25_queries,
+        progress=not as_json,
+    )
+    _emit(result, as_json)
+
+
+@app.command("log")
+@config_options(_flags("log", LogBenchConfig))
+def bench_log(cfg: RunConfig, as_json: JsonOpt = False) -> None:
+    """Trajectory-log write/read throughput and bytes per token, vs JSONL lists and Arrow."""
+    from provrl.bench.log import run_log_benchmark
+
+    c = cfg.bench.log
+    _emit(run_log_benchmark(c.trajectories, c.tokens, repeats=c.repeats), as_json)
+
+
+@app.command("logprobs")
+@config_options(_flags("logprobs", LogprobBenchConfig))
+def bench_logprobs(cfg: RunConfig, as_json: JsonOpt = False) -> None:
+    """Chunked vs full teacher-forced logprobs: time and peak memory of forward + backward."""
+    from provrl.bench.logprobs import run_logprob_benchmark
+
+    c = cfg.bench.logprobs
+    result = run_logprob_benchmark(
+        c.model, c.batch, c.seq_len, c.action_frac, c.chunk_tokens, c.repeats
+    )
+    _emit(result, as_json)

@@ -1,0 +1,66 @@
+"""Typed settings of the benchmarks (the ``bench`` section of the run config).
+
+``provrl bench NAME --config FILE --set bench.NAME.key=value`` or the flags generated from
+these fields; each benchmark prints JSON with provrl's figure, the peer's figure measured in
+the same run, and their ratio.
+"""
+
+from __future__ import annotations
+
+from pydantic import Field
+
+from provrl.config import Section
+
+
+class SearchBenchConfig(Section):
+    """``provrl bench search``: SQLite FTS5 BM25 vs bm25s / rank_bm25 on one world."""
+
+    docs: int = Field(
+        100_000,
+        ge=50,
+        description="Documents in the benchmark world (100,000 is the published figure; a "
+        "few thousand for a smoke run).",
+    )
+    seed: int = Field(0, description="World seed.")
+    k: int = Field(10, ge=1, description="Results per query (recall@k).")
+    repeats: int = Field(3, ge=1, description="Timed passes; medians are reported.")
+    tasks: int = Field(2000, ge=1, description="Tasks whose queries are timed.")
+    peers: tuple[str, ...] = Field(
+        ("bm25s", "rank_bm25"), description="Peer libraries measured: bm25s, rank_bm25."
+    )
+    rank_bm25_queries: int = Field(
+        100, ge=1, description="Queries per set for rank_bm25 (slow: pure Python scoring)."
+    )
+
+
+class LogBenchConfig(Section):
+    """``provrl bench log``: trajectory-log write / read throughput and bytes per token."""
+
+    trajectories: int = Field(10_000, ge=1, description="Number of trajectories.")
+    tokens: int = Field(2_000, ge=8, description="Tokens per trajectory.")
+    repeats: int = Field(3, ge=1, description="Repeats per format; medians reported.")
+
+
+class LogprobBenchConfig(Section):
+    """``provrl bench logprobs``: chunked vs full teacher-forced logprobs, time and memory."""
+
+    model: str = Field("smollm2-135m", description="Model name or dir.")
+    batch: int = Field(2, ge=1, description="Sequences per batch.")
+    seq_len: int = Field(256, ge=16, description="Tokens per sequence.")
+    action_frac: float = Field(
+        0.5, gt=0, le=1, description="Fraction of each sequence that is action tokens (its end)."
+    )
+    chunk_tokens: int = Field(256, ge=1, description="LM-head chunk (positions).")
+    repeats: int = Field(3, ge=1, description="Timed repeats per method.")
+
+
+class BenchConfig(Section):
+    """Every benchmark's settings (what ``provrl bench …`` runs)."""
+
+    search: SearchBenchConfig = Field(
+        default_factory=SearchBenchConfig, description="provrl bench search."
+    )
+    log: LogBenchConfig = Field(default_factory=LogBenchConfig, description="provrl bench log.")
+    logprobs: LogprobBenchConfig = Field(
+        default_factory=LogprobBenchConfig, description="provrl bench logprobs."
+    )
