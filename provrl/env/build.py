@@ -28,7 +28,8 @@ from typing import Any
 from provrl.env.config import SearchConfig, WorldConfig
 from provrl.env.oracle import run_oracle
 from provrl.env.sqlite_index import SqliteSearch, cached_index
-from provrl.env.tasks import SPLITS, Task, generate_tasks, load_tasks, save_tasks
+from provrl.env.taskgen import generate_tasks
+from provrl.env.tasks import SPLITS, Task, load_tasks, save_tasks
 from provrl.env.world import generate_world, save_world
 
 TASKS_DIR = "tasks"

@@ -12,7 +12,8 @@ from provrl.env.build import load_split
 from provrl.env.oracle import run_oracle
 from provrl.env.rewards import contains_answer
 from provrl.env.search import query_terms
-from provrl.env.tasks import SPLITS, TaskFileError, generate_tasks, load_tasks, save_tasks
+from provrl.env.taskgen import generate_tasks
+from provrl.env.tasks import SPLITS, TaskFileError, load_tasks, save_tasks
 from provrl.env.world import generate_world
 
 
