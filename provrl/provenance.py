@@ -18,6 +18,14 @@ replica         engine replica that produced the token
 Non-action tokens carry none of the action fields: ``version = kv_min = kv_max = replica =
 NO_VERSION`` and ``logprob = kept_mass = NaN``.
 
+An engine that cannot know a field records it as *unknown*, never a guess: ``kept_mass =
+NaN`` on an action token (e.g. vLLM with top-k / top-p truncation: it returns the
+renormalised log q but not the mass it cut) and ``kv_min = UNKNOWN_VERSION`` (the oldest
+KV version is unknown, e.g. vLLM prefilled the prompt across a hot-load). ``version``,
+``logprob``, ``kv_max`` and ``replica`` are never unknown. Diagnostics count unknowns
+separately instead of reading them as values (docs/engine.md §10 lists, per backend, which
+fields are exact).
+
 With these the trajectory behaviour probability is exact::
 
     log q(τ | x) = Σ_{t ∈ actions} log q_{v_t}(a_t | h_t)
@@ -45,6 +53,9 @@ if TYPE_CHECKING:
 
 NO_VERSION = -1
 """Sentinel for 'no version / no replica' on non-action tokens."""
+UNKNOWN_VERSION = -2
+"""Sentinel for ``kv_min`` of an action token whose oldest KV version the engine cannot
+know (it is then only known to be ≤ ``kv_max``); ``kept_mass`` unknown is NaN."""
 
 SegmentKind = Literal["prompt", "action", "observation", "template"]
 
@@ -248,11 +259,16 @@ class Trajectory:
             first(a & (self.version < 0), "action token has no version")
             first(a & ~np.isfinite(self.logprob), "action token logprob is not finite")
             first(a & (self.logprob > 0), "action token logprob > 0")
+            km = self.kept_mass
             first(
-                a & ~((self.kept_mass > 0) & (self.kept_mass <= 1)),
+                a & ~(np.isnan(km) | ((km > 0) & (km <= 1))),
                 "action token kept_mass outside (0, 1]",
             )
-            first(a & (self.kv_min < 0), "action token has no kv_versions")
+            first(
+                a & (self.kv_min < 0) & (self.kv_min != UNKNOWN_VERSION),
+                "action token has no kv_versions",
+            )
+            first(a & (self.kv_max < 0), "action token has no kv_max")
             first(a & (self.kv_min > self.kv_max), "kv_min > kv_max")
             first(a & (self.kv_max > self.version), "kv_max newer than the sampling version")
             first(a & (self.replica < 0), "action token has no replica")

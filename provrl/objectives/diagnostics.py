@@ -145,13 +145,18 @@ def truncation_stats(kept_mass: torch.Tensor, mask: torch.Tensor) -> dict[str, f
     """How often the sampler truncated the behaviour distribution (top-k / top-p).
 
     ``truncated_frac`` = fraction of action tokens with kept_mass < 1; ``q_excluded_mass``
-    = mean (1 − kept_mass): the behaviour model's own mass the sampler cut off."""
+    = mean (1 − kept_mass): the behaviour model's own mass the sampler cut off. Both are
+    over the tokens whose kept mass is known; ``kept_mass_unknown_frac`` = fraction of
+    action tokens whose engine could not know it (NaN, e.g. vLLM with top-k / top-p)."""
     km = kept_mass[mask].double()
-    if km.numel() == 0:
-        return {"truncated_frac": 0.0, "q_excluded_mass": 0.0}
+    known = km[~torch.isnan(km)]
+    unknown = float(1 - known.numel() / km.numel()) if km.numel() else 0.0
+    if known.numel() == 0:
+        return {"truncated_frac": 0.0, "q_excluded_mass": 0.0, "kept_mass_unknown_frac": unknown}
     return {
-        "truncated_frac": float((km < 1).double().mean()),
-        "q_excluded_mass": float((1 - km).mean()),
+        "truncated_frac": float((known < 1).double().mean()),
+        "q_excluded_mass": float((1 - known).mean()),
+        "kept_mass_unknown_frac": unknown,
     }
 
 

@@ -41,7 +41,7 @@ from provrl.objectives import diagnostics as diag
 from provrl.objectives.config import AdvantageConfig, ObjectiveConfig
 from provrl.objectives.losses import LossOutput, loss_token_weights, policy_loss
 from provrl.objectives.trpo import TRPOStepInfo, subsample_index, trpo_step
-from provrl.provenance import ProvenanceError, Trajectory, TrajectoryBatch
+from provrl.provenance import UNKNOWN_VERSION, ProvenanceError, Trajectory, TrajectoryBatch
 from provrl.report.metrics import MetricsWriter
 from provrl.train.config import TRUNCATED_FINISHES, RLConfig
 from provrl.train.logprobs import (
@@ -67,6 +67,7 @@ class RLBatch:
     top_p: torch.Tensor  # [B] float64 sampling top_p
     top_k: torch.Tensor  # [B] int64 sampling top_k (0 = off)
     kv_stale_frac: float  # action tokens that attended to KV older than their version
+    kv_unknown_frac: float = 0.0  # action tokens whose engine could not know kv_min
     traj_ids: list[str] = field(default_factory=list)
     loss_rows: torch.Tensor | None = None  # [B] bool: rows the loss trains on (None: all)
 
@@ -153,7 +154,12 @@ def prepare_batch(
     rewards = tb.rewards.double()
     a = compute_advantages(rewards, group_ids, cfg).float()
     temps = [t.sampling.temperature if t.sampling.temperature > 0 else 1.0 for t in trajectories]
-    stale = sum(int((t.kv_min[t.is_action] < t.version[t.is_action]).sum()) for t in trajectories)
+    kv_lo = [t.kv_min[t.is_action] for t in trajectories]  # UNKNOWN_VERSION: not stale, unknown
+    stale = sum(
+        int(((lo >= 0) & (lo < t.version[t.is_action])).sum())
+        for lo, t in zip(kv_lo, trajectories, strict=True)
+    )
+    kv_unknown = sum(int((lo == UNKNOWN_VERSION).sum()) for lo in kv_lo)
     batch = RLBatch(
         tb=tb,
         advantages=a,
@@ -163,6 +169,7 @@ def prepare_batch(
         top_p=torch.tensor([t.sampling.top_p for t in trajectories], dtype=torch.float64),
         top_k=torch.tensor([t.sampling.top_k for t in trajectories], dtype=torch.int64),
         kv_stale_frac=stale / max(1, int(tb.action_mask.sum())),
+        kv_unknown_frac=kv_unknown / max(1, int(tb.action_mask.sum())),
         traj_ids=[t.traj_id for t in trajectories],
         loss_rows=~truncated_rows(trajectories) if mask_truncated else None,
     )
@@ -360,6 +367,7 @@ class RLTrainer:
         hist = diag.version_lag_histogram(batch.tb.versions, m, self.version)
         out |= diag.lag_summary(hist, self.cfg.lag_buckets)
         out["kv_stale_frac"] = batch.kv_stale_frac
+        out["kv_unknown_frac"] = batch.kv_unknown_frac
         if prox.entropy is not None:
             out["entropy"] = float(prox.entropy[m].mean())
         if prox.excluded_mass is not None:
