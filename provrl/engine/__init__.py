@@ -1,6 +1,8 @@
 """Rollout engine: continuous batching, exact per-token provenance, hot-load.
 
 ``from provrl.engine import LocalEngine, Router, EngineConfig`` — see docs/engine.md.
+``make_engine(lm, cfg, version=v)`` builds the backend ``cfg.backend`` names (``local`` or
+``vllm``).
 
 ``LocalEngine`` and ``Router`` (which import torch) are loaded on first access, so that
 importing ``provrl.engine.cli`` — and with it ``provrl --help`` — stays instant.
@@ -20,6 +22,7 @@ from provrl.engine.api import (
     generate,
 )
 from provrl.engine.config import EngineConfig
+from provrl.engine.factory import make_engine
 
 if TYPE_CHECKING:
     from provrl.engine.local import LocalEngine
@@ -36,6 +39,7 @@ __all__ = [
     "Router",
     "TurnOutput",
     "generate",
+    "make_engine",
 ]
 
 

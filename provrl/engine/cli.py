@@ -10,9 +10,9 @@ import typer
 
 
 def bench_engine(
-    model: Annotated[str, typer.Option(help="Model name (smollm2-135m, tiny) or HF dir.")] = (
-        "smollm2-135m"
-    ),
+    model: Annotated[
+        str, typer.Option(help="Model name (smollm2-135m, tiny, tiny-h32 for vLLM) or HF dir.")
+    ] = "smollm2-135m",
     concurrency: Annotated[int, typer.Option(help="Requests in flight at once.")] = 64,
     new_tokens: Annotated[int, typer.Option(help="Tokens sampled per request.")] = 128,
     repeats: Annotated[int, typer.Option(help="Interleaved HF/engine repeats (median).")] = 3,
@@ -33,12 +33,26 @@ def bench_engine(
     hf_cb: Annotated[
         bool, typer.Option(help="Also time transformers' continuous batching (generate_batch).")
     ] = False,
+    backend: Annotated[
+        str,
+        typer.Option(
+            help="'local', or 'vllm': also the vLLM backend side by side (needs vLLM; the "
+            "built-in tiny has head_dim 16, use --model tiny-h32)."
+        ),
+    ] = "local",
+    vllm_compile: Annotated[
+        bool, typer.Option(help="Let vLLM torch.compile (slow start on CPU); default eager.")
+    ] = False,
+    device: Annotated[
+        str, typer.Option(help="torch device of the model, HF and the local engine (cuda on GPU).")
+    ] = "cpu",
     run_dir: Annotated[
         Path | None, typer.Option(help="Also log the figures with MetricsWriter here.")
     ] = None,
     as_json: Annotated[bool, typer.Option("--json", help="Print JSON only.")] = False,
 ) -> None:
-    """Throughput vs HF generate (ratio, roofline), exactness, hot-load pause, KV staleness."""
+    """Throughput vs HF generate (ratio, roofline), exactness, hot-load pause, KV staleness;
+    with --backend vllm also the vLLM backend in the same run (docs/engine.md §10)."""
     from provrl.engine.bench import run_engine_benchmark
 
     def say(msg: str) -> None:
@@ -57,6 +71,9 @@ def bench_engine(
         audits=audits,
         prefix_cache=prefix_cache,
         hf_continuous_batching=hf_cb,
+        backend=backend,
+        vllm_compile=vllm_compile,
+        device=device,
         progress=say,
     )
     if run_dir is not None:

@@ -1,21 +1,55 @@
-"""Typed configuration of the local rollout engine (one replica)."""
+"""Typed configuration of one rollout-engine replica (local or vLLM backend)."""
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Any, Literal
 
 from pydantic import Field
 
 from provrl.config import Section, TorchDevice
 
 
+class VLLMOptions(Section):
+    """Settings only the vLLM backend reads (``engine.backend: vllm``, docs/engine.md §10)."""
+
+    kv_cache_gb: int = Field(
+        2,
+        ge=1,
+        description="CPU build: GiB of KV cache (VLLM_CPU_KVCACHE_SPACE). Ignored on GPU.",
+    )
+    gpu_memory_utilization: float = Field(
+        0.5,
+        gt=0.0,
+        le=1.0,
+        description="GPU build: fraction of GPU memory vLLM may take (weights + KV cache); "
+        "the rest is left to the trainer. Ignored on CPU.",
+    )
+    log_level: Literal["DEBUG", "INFO", "WARNING", "ERROR"] = Field(
+        "WARNING", description="vLLM's own log level (VLLM_LOGGING_LEVEL)."
+    )
+    engine_args: dict[str, Any] = Field(
+        default_factory=dict,
+        description="Any other vllm AsyncEngineArgs fields, passed through as given (e.g. "
+        "tensor_parallel_size); provrl's own settings (logprobs_mode, max_model_len, …) "
+        "cannot be overridden here.",
+    )
+
+
 class EngineConfig(Section):
-    """Settings of one :class:`provrl.engine.LocalEngine` replica.
+    """Settings of one rollout-engine replica: a :class:`provrl.engine.LocalEngine`
+    (``backend: local``) or a :class:`provrl.engine.vllm_backend.VLLMEngine`
+    (``backend: vllm``); build either with :func:`provrl.engine.make_engine`.
 
-    The KV cache is slotted: ``max_seqs`` slots of ``max_context`` positions each, allocated
-    once (zero pages, committed by the OS only when written, so unused capacity costs no
-    resident memory on CPU)."""
+    The local KV cache is slotted: ``max_seqs`` slots of ``max_context`` positions each,
+    allocated once (zero pages, committed by the OS only when written, so unused capacity
+    costs no resident memory on CPU)."""
 
+    backend: Literal["local", "vllm"] = Field(
+        "local",
+        description="Rollout backend: 'local' (provrl's PyTorch engine, exact kept mass and "
+        "KV versions) or 'vllm' (needs `pip install provrl[vllm]`; what it records exactly: "
+        "docs/engine.md §10).",
+    )
     max_seqs: int = Field(
         64,
         ge=1,
@@ -70,12 +104,18 @@ class EngineConfig(Section):
     compile: bool = Field(
         False,
         description="torch.compile the MLP block of every layer (dynamic shapes). Off by "
-        "default: on this CPU the ~35 s warm-up bought no speed (docs/engine.md).",
+        "default: on this CPU the ~35 s warm-up bought no speed (docs/engine.md). vllm: "
+        "False runs eager (enforce_eager, no torch.compile: faster start), True lets vLLM "
+        "compile (and capture CUDA graphs on GPU).",
     )
     threads: int = Field(
         0,
         ge=0,
         description="torch intra-op threads of the engine's scheduler thread, which runs every "
         "forward (0 = torch's default). Per thread: the caller's threads keep their own count, "
-        "so an engine and a trainer in one process can each take one core of two.",
+        "so an engine and a trainer in one process can each take one core of two. vllm on "
+        "CPU: OpenMP threads of its engine process (0 = vLLM's own binding).",
+    )
+    vllm: VLLMOptions = Field(
+        default_factory=VLLMOptions, description="Settings of the vLLM backend only."
     )
