@@ -74,7 +74,9 @@ class RunConfig(Section):
         default_factory=TheoryConfig, description="`provrl theory …`: the theory lab."
     )
     classic: ClassicTRPOConfig = Field(
-        default_factory=ClassicTRPOConfig, description="TRPO on gymnasium control."
+        default_factory=ClassicTRPOConfig,
+        description="`provrl trpo --config FILE`: TRPO on gymnasium control (the keys the file "
+        "sets apply over the --env preset).",
     )
     bench: BenchConfig = Field(
         default_factory=BenchConfig, description="`provrl bench …`: the benchmarks."

@@ -85,3 +85,20 @@ def test_bad_set_is_a_config_error():
 def test_a_flag_for_a_missing_key_fails_when_defined():
     with pytest.raises(KeyError, match="nope"):
         config_options({"x": "env.eval.nope"})(probe_cmd)
+
+
+def test_trpo_reads_the_classic_section_of_a_run_config(tmp_path):
+    pytest.importorskip("gymnasium")
+    import yaml
+
+    from provrl.cli import app as provrl_app
+
+    f = tmp_path / "run.yaml"
+    f.write_text("classic:\n  num_envs: 2\n  num_steps: 32\n  trpo:\n    delta: 0.03\n")
+    out = tmp_path / "trpo"
+    args = ["trpo", "--steps", "64", "--config", str(f), "--set", "num_steps=16", "--out",
+            str(out), "--eval-episodes", "1", "--no-tensorboard", "--no-progress", "--json"]  # fmt: skip
+    res = CliRunner().invoke(provrl_app, args)
+    assert res.exit_code == 0, res.output
+    cfg = yaml.safe_load((out / "config.yaml").read_text())
+    assert (cfg["num_envs"], cfg["num_steps"], cfg["trpo"]["delta"]) == (2, 16, 0.03)

@@ -2,6 +2,7 @@
 
     provrl trpo --env CartPole-v1
     provrl trpo --env Pendulum-v1 --steps 50000 --seed 1 --set trpo.delta=0.02 --json
+    provrl trpo --env Pendulum-v1 --config my-run.yaml     # the file's classic: section
 
 Writes into ``--out``: config.yaml, metrics.jsonl (+ tb/ TensorBoard events),
 learning_curve.png, agent.pt and summary.json.
@@ -11,7 +12,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, Any
 
 import typer
 
@@ -24,6 +25,14 @@ def trpo(
     seed: Annotated[int, typer.Option(help="Seed (torch, sampler, environments).")] = 0,
     out: Annotated[
         Path | None, typer.Option(help="Run directory (default runs/trpo/<env>-s<seed>).")
+    ] = None,
+    config: Annotated[
+        str | None,
+        typer.Option(
+            "--config",
+            help="A run config (YAML preset or path): its classic section is applied over the "
+            "environment's preset, under --set.",
+        ),
     ] = None,
     set_: Annotated[
         list[str] | None,
@@ -45,11 +54,16 @@ def trpo(
     from provrl.classic.config import config_for
     from provrl.classic.plot import plot_learning_curve
     from provrl.classic.train import evaluate, save_agent, train
-    from provrl.config import ConfigError, dump_config, parse_overrides
+    from provrl.config import ConfigError, deep_merge, dump_config, load_config, parse_overrides
     from provrl.report.metrics import MetricsWriter
+    from provrl.run_config import RunConfig
 
     try:
-        overrides = parse_overrides(set_ or [])
+        overrides: dict[str, Any] = {}
+        if config is not None:  # RunConfig.classic: only the keys the file sets
+            overrides = load_config(RunConfig, config).classic.model_dump(exclude_unset=True)
+            overrides.pop("env_id", None)  # the environment (and its preset) is --env
+        overrides = deep_merge(overrides, parse_overrides(set_ or []))
         if steps is not None:
             overrides["total_steps"] = steps
         overrides["seed"] = seed
