@@ -40,7 +40,7 @@ def median(xs: list[float]) -> float:
 
 def run_batch(engine: Any, prompts: list[list[int]], new_tokens: int, seed: int) -> tuple[int, float]:  # fmt: skip
     """Submit every prompt at once; (tokens sampled, seconds until the last turn ended)."""
-    from provrl.engine.bench import engine_run
+    from provrl.bench.engine import engine_run
 
     outs, dt = engine_run(engine, prompts, new_tokens, seed)
     return sum(len(o.token_ids) for o in outs), dt
@@ -236,7 +236,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     from provrl.distributed.config import RayConfig
     from provrl.distributed.engine import RayEngine
     from provrl.engine import EngineConfig, LocalEngine
-    from provrl.engine.bench import bench_prompts
+    from provrl.bench.engine import bench_prompts
     from provrl.models import load_model
 
     say = (lambda m: None) if args.json else print

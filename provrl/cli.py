@@ -28,7 +28,6 @@ from typer.exceptions import TyperException
 
 from provrl.bench.cli import app as bench_app
 from provrl.classic.cli import trpo
-from provrl.engine.cli import bench_engine
 from provrl.env.cli import eval_cmd, index_cmd, serve_search, world
 from provrl.pipeline.cli import filter_cmd, probe, report, run
 from provrl.theory.cli import app as theory_app
@@ -56,7 +55,6 @@ app.command("eval")(eval_cmd)
 app.command("sft")(sft)
 app.command("probe")(probe)
 app.command("filter")(filter_cmd)
-bench_app.command("engine")(bench_engine)
 
 
 # ----------------------------------------------------------------------------- models

@@ -8,11 +8,13 @@ generated from :mod:`provrl.bench.config` (:mod:`provrl.config_cli`). The script
 from __future__ import annotations
 
 import json
+from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
 from provrl.bench.config import (
+    EngineBenchConfig,
     LogBenchConfig,
     LogprobBenchConfig,
     SearchBenchConfig,
@@ -38,6 +40,33 @@ def _flags(section: str, cls: Any, **renamed: str) -> dict[str, str]:
 
 def _emit(result: dict[str, Any], as_json: bool) -> None:
     typer.echo(json.dumps(result, indent=None if as_json else 2))
+
+
+@app.command("engine")
+@config_options(_flags("engine", EngineBenchConfig, hf_cb="hf_continuous_batching"))
+def bench_engine(
+    cfg: RunConfig,
+    run_dir: Annotated[
+        Path | None, typer.Option(help="Also log the figures with MetricsWriter here.")
+    ] = None,
+    as_json: JsonOpt = False,
+) -> None:
+    """Throughput vs HF generate (ratio, roofline), exactness, hot-load pause, KV staleness;
+    with --backend vllm also the vLLM backend in the same run (docs/engine.md §10)."""
+    from provrl.bench.engine import run_engine_benchmark
+
+    def say(msg: str) -> None:
+        if not as_json:
+            typer.echo(f"[bench engine] {msg}", err=True)
+
+    result = run_engine_benchmark(**cfg.bench.engine.model_dump(), progress=say)
+    if run_dir is not None:
+        from provrl.report.metrics import MetricsWriter
+
+        w = MetricsWriter(run_dir, tensorboard=False)
+        w.log(0, {k: v for k, v in result.items() if isinstance(v, int | float)}, "bench/engine")
+        w.close()
+    _emit(result, as_json)
 
 
 @app.command("search")

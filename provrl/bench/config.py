@@ -7,9 +7,61 @@ the same run, and their ratio.
 
 from __future__ import annotations
 
+from typing import Literal
+
 from pydantic import Field
 
 from provrl.config import Section
+
+
+class EngineBenchConfig(Section):
+    """``provrl bench engine``: LocalEngine vs HF generate, same process, interleaved."""
+
+    model: str = Field(
+        "smollm2-135m",
+        description="Model name (smollm2-135m, tiny, tiny-h32 for vLLM) or HF dir; tiny only "
+        "checks that the benchmark runs (its figures mean nothing).",
+    )
+    concurrency: int = Field(
+        64, ge=1, description="Requests in flight at once (8-64; the published figure is 64)."
+    )
+    new_tokens: int = Field(128, ge=1, description="Tokens sampled per request.")
+    repeats: int = Field(
+        3, ge=1, description="Interleaved HF / engine repeats; medians are reported (3-5)."
+    )
+    threads: int = Field(
+        1,
+        ge=0,
+        description="torch intra-op threads for both sides (0 = torch's default); 1 and 2 are "
+        "the published columns.",
+    )
+    swaps: int = Field(5, ge=0, description="Keep-mode hot-loads in the hot-load phase.")
+    hotload_tokens: int = Field(32, ge=1, description="Tokens per request in the hot-load phase.")
+    perturb: float = Field(
+        1e-3,
+        ge=0,
+        description="Relative size of the weight change each swap loads (1e-3 moves logprobs "
+        "by ~1e-2: enough for the KV-staleness audit to see).",
+    )
+    audits: int = Field(8, ge=0, description="Turns recomputed by the KV-staleness audit.")
+    prefix_cache: bool = Field(
+        True, description="Engine prefix cache (the prompts share a system prompt)."
+    )
+    hf_continuous_batching: bool = Field(
+        False,
+        description="Also time transformers' continuous batching (generate_batch); slow on CPU.",
+    )
+    backend: Literal["local", "vllm"] = Field(
+        "local",
+        description="'local', or 'vllm': also the vLLM backend side by side (needs vLLM; the "
+        "built-in tiny has head_dim 16, use model tiny-h32).",
+    )
+    vllm_compile: bool = Field(
+        False, description="Let vLLM torch.compile (slow start on CPU); default eager."
+    )
+    device: str = Field(
+        "cpu", description="torch device of the model, HF and the local engine (cuda on GPU)."
+    )
 
 
 class SearchBenchConfig(Section):
@@ -57,6 +109,9 @@ class LogprobBenchConfig(Section):
 class BenchConfig(Section):
     """Every benchmark's settings (what ``provrl bench …`` runs)."""
 
+    engine: EngineBenchConfig = Field(
+        default_factory=EngineBenchConfig, description="provrl bench engine."
+    )
     search: SearchBenchConfig = Field(
         default_factory=SearchBenchConfig, description="provrl bench search."
     )

@@ -5,7 +5,7 @@
 ``vllm``).
 
 ``LocalEngine`` and ``Router`` (which import torch) are loaded on first access, so that
-importing ``provrl.engine.cli`` — and with it ``provrl --help`` — stays instant.
+importing ``provrl.engine`` — and with it ``provrl --help`` — stays instant.
 """
 
 from __future__ import annotations

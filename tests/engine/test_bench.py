@@ -9,8 +9,8 @@ import pytest
 import torch
 from typer.testing import CliRunner
 
+from provrl.bench.engine import bench_prompts, run_engine_benchmark
 from provrl.engine import EngineConfig, LocalEngine
-from provrl.engine.bench import bench_prompts, run_engine_benchmark
 from provrl.provenance import SamplingParams
 
 FIELDS = {

@@ -21,8 +21,8 @@ import torch
 
 pytest.importorskip("vllm")
 
+from provrl.bench.engine import perturbed, vllm_tiny_model
 from provrl.engine import EngineConfig, EngineError
-from provrl.engine.bench import perturbed, vllm_tiny_model
 from provrl.engine.sampling import behaviour_logprob
 from provrl.engine.vllm_backend import VLLMEngine
 from provrl.provenance import SamplingParams, TrajectoryBuilder

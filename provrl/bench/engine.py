@@ -1,4 +1,4 @@
-"""The engine benchmark (``provrl bench engine``, ``benchmarks/engine.py``).
+"""``provrl bench engine`` (``benchmarks/engine.py``): the rollout engine vs HF generate.
 
 Everything is measured in one process, interleaved, so the shared CPU's load hits the
 peer and us alike; figures are medians over repeats and the headline ratio is the median
