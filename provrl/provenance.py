@@ -36,6 +36,10 @@ both computed in log space (float64 accumulation), never as products of probabil
 The per-token fields are NumPy arrays (structure of arrays), so training code reads them
 without Python loops over tokens; :class:`TrajectoryBatch` pads a list of trajectories into
 torch tensors. :class:`TrajectoryBuilder` is how the engine and agent loop assemble one.
+
+Why one module of ~600 lines: the record, its validation, its builder and its batching are
+one contract — every invariant :meth:`Trajectory.validate` checks is one the builder
+enforces and the batch relies on — kept in one file so the four cannot drift apart.
 """
 
 from __future__ import annotations

@@ -23,6 +23,11 @@ repeat), its logprob mismatch against the same teacher forcing, its keep-mode ho
 pause while every request is in flight, one drain and one recompute swap, dropped
 requests, and the fraction of tokens whose kv_min / kept_mass it knows exactly. vLLM runs
 in its own process: its per-CPU-second figure counts this process and its children.
+
+Why one module of ~540 lines: the local engine, HF generate and vLLM are measured on the
+same prompts, in the same interleaved repeats, against the same teacher forcing — the
+shared helpers and the three sides live together so a change to one side's measurement is
+visibly a change to all.
 """
 
 from __future__ import annotations

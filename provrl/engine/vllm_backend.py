@@ -30,6 +30,11 @@ every running request and resubmit it with its prefix (prompt + tokens sampled s
 Multi-turn conversations are new vLLM requests over the whole context; the prefix cache
 serves the earlier turns' KV when the version is unchanged (salted), and re-prefills it
 after a hot-load (so a new turn never attends to another version's KV).
+
+Why one module of ~900 lines: it is the whole adapter between two concurrency models (vLLM's
+asyncio engine in its own process, provrl's thread-and-future protocol) and every
+provenance rule above depends on how the event loop pauses, aborts and resubmits requests;
+split, the invariants would live in several files and no single one would show them.
 """
 
 from __future__ import annotations

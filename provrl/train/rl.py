@@ -21,6 +21,10 @@ One :meth:`RLTrainer.step` reads top to bottom:
    engines with ``engine.load_weights(result.state_dict, result.version, mode)``.
 
 The model stays in eval mode (no dropout): π_θ must be the policy the engine samples.
+
+Why one module of ~600 lines: the five stages above are the sections of this file, in
+order (CleanRL's habit), so one step of the trainer reads top to bottom in one sitting; the
+formulas themselves are pure functions in :mod:`provrl.objectives`.
 """
 
 from __future__ import annotations
