@@ -12,9 +12,10 @@ Three measurements, each printed in one JSON object:
   alternate the order; the headline is the median of per-repeat ratios.
 * **hot-load**: while every request is generating, a new version is published once and
   loaded with ``schedule: all`` or ``rolling`` (alternating, ``--swaps`` each, modes keep and
-  drain): per-replica pause (the replica's own ``update_ms``), the schedule's wall time, and
-  the time every replica was inside its load call at once (the driver's call windows
-  intersected: an upper bound of the time no replica generated).
+  drain; requests of ``--hotload-tokens`` tokens): per-replica pause (the replica's own
+  ``update_ms``), the schedule's wall time, and the time every replica was paused at once
+  (the replicas' own pause windows, wall clock, intersected; for drain a replica's "pause"
+  is the time it admitted nothing new).
 * **kill**: with every request generating, one replica is killed (``ray.kill``): turns
   resubmitted, lost (failed futures) and delivered twice (must be 0, 0), the replica's
   time to recover (death seen → new process ready at the current version), the run's wall
@@ -32,6 +33,9 @@ import os
 import statistics
 import time
 from typing import Any
+
+EPISODE_TOKENS = 800
+"""Token budget of an episode in the episode kill phase (sizes the engines' KV slots)."""
 
 
 def median(xs: list[float]) -> float:
@@ -61,14 +65,8 @@ def wait_tokens(engine: Any, more_than: float, timeout: float = 600.0) -> None:
         time.sleep(0.01)
 
 
-def timed_load(
-    client: Any, *, version: int, ref: Any, mode: str, windows: list[tuple[float, float]]
-) -> Any:
-    """One replica's load of a published version; its call window goes to ``windows``."""
-    a = time.perf_counter()
-    rep = client.load_published(version, ref, mode)
-    windows.append((a, time.perf_counter()))
-    return rep
+def load_published(client: Any, *, version: int, ref: Any, mode: str) -> Any:
+    return client.load_published(version, ref, mode)
 
 
 def hotload_phase(
@@ -92,15 +90,15 @@ def hotload_phase(
                 for j, p in enumerate(prompts)
             ]
             wait_tokens(eng, t0 + len(prompts))  # every replica is generating
-            windows: list[tuple[float, float]] = []
             ref = eng.store.publish(weights, version)
             t = time.perf_counter()
-            load = functools.partial(timed_load, version=version, ref=ref, mode=mode, windows=windows)  # fmt: skip
+            load = functools.partial(load_published, version=version, ref=ref, mode=mode)
             if schedule == "all":
                 with ThreadPoolExecutor(len(eng.clients)) as ex:
                     reports = list(ex.map(load, eng.clients))
             else:
                 reports = [load(c) for c in eng.clients]
+            windows = [c.last_pause for c in eng.clients if c.last_pause is not None]
             wall = (time.perf_counter() - t) * 1e3
             overlap = max(0.0, min(b for _, b in windows) - max(a for a, _ in windows)) * 1e3
             in_flight = sum(r.in_flight for r in reports)
@@ -175,6 +173,7 @@ def episode_kill_phase(eng: Any, lm: Any, tasks: int, k: int, concurrency: int) 
     world = ensure_world(WorldConfig(seed=7, entities=300, docs=800, tasks=240))
     env_cfg = EnvConfig()
     env_cfg.agent.max_new_tokens, env_cfg.agent.max_turns = 64, 3
+    env_cfg.agent.max_total_tokens = EPISODE_TOKENS
     env = build_env(eng, lm, world, env_cfg)
     todo = load_split(world, "train")[:tasks]
     killed = threading.Event()
@@ -195,6 +194,7 @@ def episode_kill_phase(eng: Any, lm: Any, tasks: int, k: int, concurrency: int) 
             groups = list(c.run(todo, k))
         wall = time.perf_counter() - t
         written = read_all(log)
+    eng.clients[1].wait_ready(900)  # the restart may outlast the episodes
     s1 = eng.stats()
     ids = [x.traj_id for x in written]
     return {
@@ -221,6 +221,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     ap.add_argument("--threads", type=int, default=2, help="torch threads of the in-process engine")  # fmt: skip
     ap.add_argument("--replicas", type=int, default=2)
     ap.add_argument("--swaps", type=int, default=2, help="hot-loads per schedule and mode")
+    ap.add_argument("--hotload-tokens", type=int, default=32, help="tokens per request in the hot-load phase")  # fmt: skip
     ap.add_argument("--episodes", type=int, default=0, help="tasks of the episode kill phase (×4 samples; 0 skips it)")  # fmt: skip
     ap.add_argument("--json", action="store_true")
     args = ap.parse_args(argv)
@@ -231,12 +232,15 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         print(json.dumps(skipped))
         return skipped
 
+    # Ray's memory monitor kills workers when the *machine* is at 95 % memory — on a shared
+    # machine that is other people's processes; the figures here are about our own faults
+    os.environ.setdefault("RAY_memory_monitor_refresh_ms", "0")
     import torch
 
+    from provrl.bench.engine import bench_prompts
     from provrl.distributed.config import RayConfig
     from provrl.distributed.engine import RayEngine
     from provrl.engine import EngineConfig, LocalEngine
-    from provrl.bench.engine import bench_prompts
     from provrl.models import load_model
 
     say = (lambda m: None) if args.json else print
@@ -244,7 +248,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     prompts = bench_prompts(lm.tokenizer, args.concurrency)
     ctx = max(len(p) for p in prompts) + args.new_tokens + 8
     if args.episodes:
-        ctx = max(ctx, 1544)  # the agent's token budget
+        ctx = max(ctx, EPISODE_TOKENS + 8)
     cfg = EngineConfig(max_seqs=args.concurrency, max_context=ctx, eos_stops=False)
     local = LocalEngine(lm, cfg.model_copy(update={"threads": args.threads}))
     rcfg = RayConfig(num_cpus=args.replicas, replicas=args.replicas, threads=1, schedule="rolling")
@@ -270,7 +274,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
 
     sd = {k: v.detach().clone() for k, v in lm.model.state_dict().items()}
     say("hot-load")
-    hot = hotload_phase(ray_eng, prompts, args.new_tokens, sd, args.swaps)
+    hot = hotload_phase(ray_eng, prompts, args.hotload_tokens, sd, args.swaps)
     say("kill")
     kill = kill_phase(ray_eng, prompts, args.new_tokens)
     episodes = (
@@ -284,6 +288,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         "model": args.model,
         "concurrency": args.concurrency,
         "new_tokens": args.new_tokens,
+        "hotload_tokens": args.hotload_tokens,
         "repeats": args.repeats,
         "cpus": os.cpu_count(),
         "load_average_1m": os.getloadavg()[0],

@@ -127,6 +127,10 @@ class ReplicaClient:
         self._ready = False
         self._t_death: float | None = None
         self.info: dict[str, Any] = {}
+        self.last_error = ""
+        """How the last incarnation died (the Ray exception, one line)."""
+        self.last_pause: tuple[float, float] | None = None
+        """Wall-clock window (time.time()) of this replica's last swap pause."""
         self.timeline: list[tuple[float, int, int]] = [(0.0, index, self._version)]
         """(seconds since the engine started, replica, version) at every version change."""
         self._thread = threading.Thread(
@@ -211,13 +215,15 @@ class ReplicaClient:
                     ms = (time.perf_counter() - t0) * 1e3
                     return HotLoadReport(mode, old, old, ms, in_flight)
             try:
-                rep: HotLoadReport = actor.load_weights.remote(ref, version, mode).future().result()
+                done = actor.load_weights.remote(ref, version, mode).future().result()
             except RayActorError:
                 self._wait_restart(inc)
                 continue
             except Exception as e:
                 raise EngineError(f"replica {self.index}: {_cause(e)}") from None
+            rep, end = done
             with self._cv:
+                self.last_pause = (end - rep.update_ms / 1e3, end)
                 if inc == self._inc and rep.new_version > self._version:
                     self._set_version(rep.new_version)
             return rep
@@ -254,6 +260,11 @@ class ReplicaClient:
                 dead=float(self._dead),
             )
         return out
+
+    @property
+    def dead(self) -> bool:
+        """Restarts used up: the replica serves nothing any more."""
+        return self._dead
 
     @property
     def incarnation(self) -> int:
@@ -404,6 +415,9 @@ class ReplicaClient:
         if inc != self._inc or self._closed or self._dead:
             return
         self._faults["deaths"] += 1
+        self.last_error = (
+            f"{type(exc).__name__}: {str(exc).strip().splitlines()[0] if str(exc).strip() else ''}"
+        )
         self._t_death = time.perf_counter()
         self._ready = False
         for k in COUNTERS:  # the dead process's counters, as last seen

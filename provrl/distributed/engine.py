@@ -27,7 +27,7 @@ from provrl.distributed.client import COUNTERS, FAULTS, ReplicaClient
 from provrl.distributed.config import RayConfig
 from provrl.distributed.replica import EngineReplica
 from provrl.distributed.weights import WeightStore
-from provrl.engine.api import HotLoadMode, HotLoadReport, TurnOutput
+from provrl.engine.api import EngineError, HotLoadMode, HotLoadReport, TurnOutput
 from provrl.engine.config import EngineConfig
 from provrl.provenance import SamplingParams
 
@@ -109,9 +109,11 @@ class RayEngine:
         self.last_schedule_ms = 0.0
         deadline = time.perf_counter() + start_timeout_s
         for c in self.clients:
-            if not c.wait_ready(max(0.0, deadline - time.perf_counter())):
+            started = c.wait_ready(max(0.0, deadline - time.perf_counter()))
+            if not started or c.dead:
                 self.close()
-                raise TimeoutError(f"ray engine replica {c.index} did not start in {start_timeout_s} s")  # fmt: skip
+                why = f"died {cfg.max_restarts + 1} times ({c.last_error})" if c.dead else f"did not start in {start_timeout_s} s"  # fmt: skip
+                raise EngineError(f"ray engine replica {c.index} {why}")
 
     def _spawn(self, index: int) -> tuple[Any, int]:
         """A new actor for replica ``index`` at the newest published version."""

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import time
 from typing import Any
 
 from provrl.distributed.weights import PackedWeights, unpack_state_dict
@@ -64,10 +65,16 @@ class EngineReplica:
 
     async def load_weights(
         self, weights: PackedWeights, version: int, mode: HotLoadMode
-    ) -> HotLoadReport:
+    ) -> tuple[HotLoadReport, float]:
+        """The swap's report and the wall-clock time (``time.time()``) it ended: the pause
+        was ``[end − update_ms, end]``, comparable across replicas."""
         sd = unpack_state_dict(weights)
-        loop = asyncio.get_running_loop()
-        return await loop.run_in_executor(None, self.engine.load_weights, sd, version, mode)
+
+        def swap() -> tuple[HotLoadReport, float]:
+            rep = self.engine.load_weights(sd, version, mode)
+            return rep, time.time()
+
+        return await asyncio.get_running_loop().run_in_executor(None, swap)
 
     async def stats(self) -> dict[str, float]:
         return self.engine.stats()
