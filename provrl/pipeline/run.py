@@ -211,8 +211,11 @@ def _write_config(run: RunDir, cfg: RunConfig) -> None:
     p = run.root / "config.yaml"
     text = dump_config(cfg)
     if p.is_file():
-        old = yaml.safe_load(p.read_text())
         new = yaml.safe_load(text)
+        # a field added to RunConfig since the run started is absent from its config.yaml:
+        # it is read at its default, so the old config is compared with those filled in
+        defaults = yaml.safe_load(dump_config(type(cfg)()))
+        old = _fill_missing(yaml.safe_load(p.read_text()), defaults)
         diff = _first_diff(_without(old, RESUMABLE), _without(new, RESUMABLE))
         if diff is not None:
             raise ConfigError(
@@ -258,6 +261,16 @@ def release_memory() -> None:
     gc.collect()
     with contextlib.suppress(OSError, AttributeError):
         ctypes.CDLL("libc.so.6").malloc_trim(0)
+
+
+def _fill_missing(tree: Any, defaults: Any) -> Any:
+    """``tree`` with every key it lacks taken from ``defaults`` (recursively)."""
+    if not (isinstance(tree, dict) and isinstance(defaults, dict)):
+        return tree
+    out = dict(tree)
+    for k, v in defaults.items():
+        out[k] = _fill_missing(out[k], v) if k in out else v
+    return out
 
 
 def _first_diff(a: Any, b: Any, path: str = "") -> str | None:

@@ -195,3 +195,17 @@ def test_resume_refuses_a_changed_config(tmp_path):
     )
     assert res.exit_code != 0
     assert "pipeline.rl.steps" in str(res.exception) + res.output
+
+
+def test_resume_accepts_a_config_written_before_fields_were_added(tmp_path):
+    """A field added to RunConfig since the run started is absent from its config.yaml; it
+    reads as its default, so the resume goes on (a changed value would still be refused)."""
+    import yaml
+
+    _run(tmp_path, "pipeline.rl.steps=0", "pipeline.eval.policies=[]")
+    p = tmp_path / "config.yaml"
+    old = yaml.safe_load(p.read_text())
+    del old["ray"], old["env"]["search"]["passage_words"]
+    p.write_text(yaml.safe_dump(old))
+    _run(tmp_path, "pipeline.rl.steps=0", "pipeline.eval.policies=[]")
+    assert yaml.safe_load(p.read_text())["ray"]  # written back in full
