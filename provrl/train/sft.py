@@ -41,7 +41,7 @@ import json
 import math
 import os
 import time
-from collections import defaultdict
+from collections import Counter, defaultdict
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -100,6 +100,45 @@ def num_tool_calls(traj: Trajectory) -> float:
     if "num_tool_calls" in traj.metrics:
         return float(traj.metrics["num_tool_calls"])
     return float(sum(c.name != "answer" for c in traj.tool_calls))
+
+
+def trace_origin(traj: Trajectory) -> str:
+    """Who wrote a trace: ``teacher (oracle)`` (the scripted oracle), ``chat data`` (a chat
+    JSONL file) or ``policy`` (a model's own sample, e.g. a probe success)."""
+    name = traj.policy.name if traj.policy is not None else ""
+    if name == "oracle":
+        return "teacher (oracle)"
+    if name == "chat-data":
+        return "chat data"
+    return "policy"
+
+
+def dedupe_traces(trajs: Sequence[Trajectory]) -> list[Trajectory]:
+    """One trace per (task, token sequence): k probe samples of a task often coincide, and an
+    identical trace imitated twice only weighs that task more. The first occurrence stays."""
+    seen: set[tuple[str, bytes]] = set()
+    out = []
+    for t in trajs:
+        key = (t.task_id, np.asarray(t.token_id, dtype=np.int64).tobytes())
+        if key not in seen:
+            seen.add(key)
+            out.append(t)
+    return out
+
+
+def parse_select(spec: str) -> dict[str, Any]:
+    """``--select`` shorthand → ``sft`` fields: ``all`` (every success), ``shortest`` (per
+    task the successes with the fewest tool calls), ``per-task-max=M`` (at most M successes
+    per task, fewest tool calls first)."""
+    if spec == "all":
+        return {"selection": "successful", "max_per_task": 0}
+    if spec == "shortest":
+        return {"selection": "fewest_tool_calls"}
+    if spec.startswith("per-task-max="):
+        m = spec.removeprefix("per-task-max=")
+        if m.isdigit() and int(m) > 0:
+            return {"selection": "successful", "max_per_task": int(m)}
+    raise ValueError(f"--select {spec!r}: expected all, shortest or per-task-max=M (M ≥ 1)")
 
 
 def select_traces(trajs: Sequence[Trajectory], cfg: SFTConfig) -> list[Trajectory]:
@@ -426,7 +465,8 @@ def run_sft(
             sources.append(str(path))
     for t in all_traces:
         check_tokenizer(t, lm.tokenizer_identity, f"SFT on {model!r}")
-    selected = select_traces(all_traces, cfg)
+    unique = dedupe_traces(all_traces)
+    selected = select_traces(unique, cfg)
     pad = lm.tokenizer.pad_token_id
     if pad is None:
         pad = lm.tokenizer.eos_token_id
@@ -437,7 +477,9 @@ def run_sft(
         "base_fingerprint": lm.fingerprint,
         "traces": sources,
         "traces_loaded": len(all_traces),
+        "duplicates_removed": len(all_traces) - len(unique),
         "traces_selected": len(selected),
+        "origins_selected": dict(Counter(trace_origin(t) for t in selected)),
         "config": cfg.model_dump(),
     }
     if eval_traces:

@@ -67,22 +67,39 @@ def sft(
         Path | None,
         typer.Option(help="Where metrics.jsonl, tb/ and sft.json go (default: OUT-run)."),
     ] = None,
+    select: Annotated[
+        str | None,
+        typer.Option(
+            help="Shorthand for the policy's own successes (e.g. --traces PROBE_DIR): all | "
+            "shortest (fewest tool calls per task) | per-task-max=M; sets sft.selection and "
+            "sft.max_per_task."
+        ),
+    ] = None,
     as_json: Annotated[
         bool, typer.Option("--json", help="Print the summary as JSON only (no progress bar).")
     ] = False,
 ) -> None:
     """Supervised warm start: imitate the action tokens of trajectories (e.g. oracle traces)
     or the assistant turns of chat conversations (the ``sft`` section of the config)."""
-    from provrl.train.sft import run_sft
+    from provrl.train.sft import parse_select, run_sft
 
-    scfg = cfg.sft.model_copy(update={"progress": False}) if as_json else cfg.sft
+    scfg = cfg.sft
+    if select is not None:
+        try:
+            scfg = scfg.model_copy(update=parse_select(select))
+        except ValueError as e:
+            raise typer.BadParameter(str(e), param_hint="--select") from None
+    if as_json:
+        scfg = scfg.model_copy(update={"progress": False})
     summary = run_sft(traces or [], cfg.model.name, out, scfg, run_dir=run_dir, data=data or [])
     if as_json:
         summary.pop("losses", None)
         typer.echo(json.dumps(summary))
         return
     typer.echo(
-        f"sft: {summary['traces_selected']} of {summary['traces_loaded']} traces, "
+        f"sft: {summary['traces_selected']} of {summary['traces_loaded']} traces "
+        f"({', '.join(f'{v} {k}' for k, v in summary['origins_selected'].items())}; "
+        f"{summary['duplicates_removed']} duplicates removed), "
         f"{summary['steps']} steps ({summary['skipped_steps']} skipped), "
         f"{summary['action_tokens']} action tokens of {summary['tokens']}"
     )

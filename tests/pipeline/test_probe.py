@@ -81,7 +81,9 @@ def test_probe_filter_sft_end_to_end(tmp_path):
     )
     assert res.exit_code == 0, res.output
     last = res.output.strip().splitlines()[-1]
-    assert json.loads(last[last.index("{") :])["traces_selected"] == 15
+    sft = json.loads(last[last.index("{") :])
+    assert sft["traces_selected"] == 15 - sft["duplicates_removed"]
+    assert sft["origins_selected"] == {"policy": sft["traces_selected"]}  # labelled, not teacher
 
 
 def test_manifest_tracks_policy_tools_and_sampling_and_stale_pools_are_refused(

@@ -265,6 +265,46 @@ def test_select_traces_strategies(tokenizer):
     )
 
 
+def test_select_shorthand_dedupe_and_origins(tokenizer):
+    import dataclasses
+
+    from provrl.provenance import Identity
+    from provrl.train.sft import dedupe_traces, parse_select, trace_origin
+
+    assert parse_select("all") == {"selection": "successful", "max_per_task": 0}
+    assert parse_select("shortest") == {"selection": "fewest_tool_calls"}
+    assert parse_select("per-task-max=3") == {"selection": "successful", "max_per_task": 3}
+    for bad in ("best", "per-task-max=0", "per-task-max=x", "per-task-max="):
+        with pytest.raises(ValueError, match="per-task-max=M"):
+            parse_select(bad)
+    q, s, a = QUESTIONS[0]
+    t0 = teacher_trace(tokenizer, q, s, a, task_id="A", traj_id="A-0")
+    same = dataclasses.replace(t0, traj_id="A-1")  # the same tokens, another sample
+    other_task = dataclasses.replace(t0, traj_id="B-0", task_id="B")
+    longer = teacher_trace(tokenizer, q, s, a, task_id="A", traj_id="A-2", tail="more")
+    assert [t.traj_id for t in dedupe_traces([t0, same, other_task, longer])] == [
+        "A-0",
+        "B-0",
+        "A-2",
+    ]
+    assert trace_origin(dataclasses.replace(t0, policy=Identity("oracle"))) == "teacher (oracle)"
+    assert trace_origin(dataclasses.replace(t0, policy=Identity("chat-data"))) == "chat data"
+    assert trace_origin(dataclasses.replace(t0, policy=Identity("runs/x/ckpt"))) == "policy"
+
+
+def test_select_flag_rejects_a_bad_value(tmp_path):
+    import typer
+
+    from provrl.train.sft_cli import sft
+
+    app = typer.Typer()
+    app.command()(sft)
+    res = CliRunner().invoke(
+        app, ["--traces", str(tmp_path), "--out", str(tmp_path / "o"), "--select", "best"]
+    )
+    assert res.exit_code == 2 and "--select" in res.output
+
+
 # ----------------------------------------------------------------------------- training
 def test_loss_goes_down_and_metrics_are_logged(traces, tokenizer, tmp_path):
     model = fresh_tiny()
@@ -390,6 +430,8 @@ def test_oracle_traces_to_cli_checkpoint_to_eval(tmp_path):
     assert res.exit_code == 0, res.output
     summary = json.loads(res.stdout)
     assert summary["traces_selected"] == 24 and summary["steps"] == 12
+    assert summary["origins_selected"] == {"teacher (oracle)": 24}
+    assert summary["duplicates_removed"] == 0
     assert summary["last_loss"] < summary["first_loss"]
     assert (tmp_path / "ckpt-run" / "sft.json").is_file()
     traces = load_traces([tmp_path / "oracle"])
