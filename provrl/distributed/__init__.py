@@ -9,6 +9,6 @@ only when a RayEngine is built (``pip install 'provrl[ray]'``).
 from __future__ import annotations
 
 from provrl.distributed.config import RayConfig
-from provrl.distributed.rollout import make_rollout_engine
+from provrl.distributed.rollout import fleet_summary, make_rollout_engine
 
-__all__ = ["RayConfig", "make_rollout_engine"]
+__all__ = ["RayConfig", "fleet_summary", "make_rollout_engine"]

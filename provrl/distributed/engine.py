@@ -81,12 +81,12 @@ class RayEngine:
         version: int = 0,
         start_timeout_s: float = 900.0,
     ) -> None:
-        import ray
-
         from provrl.engine.router import Router
 
         self.cfg = cfg
-        self._started_ray = connect(cfg)
+        self._started_ray = connect(cfg)  # first: without Ray, the one-line MissingExtra
+        import ray
+
         self._t0 = time.perf_counter()
         self.store = WeightStore(version)
         self._base_version = version

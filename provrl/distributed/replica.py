@@ -1,5 +1,6 @@
-"""One engine replica in its own process: a :class:`~provrl.engine.LocalEngine` behind the
-methods of an async Ray actor.
+"""One engine replica in its own process: the engine ``engine.backend`` names (a
+:class:`~provrl.engine.LocalEngine`, or vLLM, via :func:`provrl.engine.make_engine`) behind
+the methods of an async Ray actor.
 
 Each generation call is one actor call that returns when the turn ends, so the actor holds
 as many calls as there are turns in flight (an async actor: one event loop awaiting the
@@ -26,7 +27,7 @@ from provrl.provenance import SamplingParams
 
 
 class EngineReplica:
-    """A LocalEngine in a Ray actor process (see the module docstring)."""
+    """An engine in a Ray actor process (see the module docstring)."""
 
     def __init__(
         self,
@@ -40,10 +41,10 @@ class EngineReplica:
         """``lm``: the LoadedModel (Ray resolves the object-store reference; its weights
         are ``version``). ``weights``: a newer published version to start from — what a
         restarted replica loads before it serves a single token."""
-        from provrl.engine.local import LocalEngine
+        from provrl.engine.factory import make_engine
 
         self.replica = replica
-        self.engine = LocalEngine(lm, EngineConfig(**engine_cfg), replica=replica, version=version)
+        self.engine = make_engine(lm, EngineConfig(**engine_cfg), replica=replica, version=version)
         if weights is not None and weights_version is not None and weights_version > version:
             self.engine.load_weights(unpack_state_dict(weights), weights_version, "keep")
 

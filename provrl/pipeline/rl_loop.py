@@ -128,7 +128,7 @@ def run_rl(
     stage summary. Resumes from ``RUN/rl`` when it holds a checkpoint or a log."""
     import torch
 
-    from provrl.engine import LocalEngine
+    from provrl.distributed import fleet_summary, make_rollout_engine
     from provrl.models import load_model
     from provrl.report.metrics import MetricsWriter
     from provrl.train.rl import RLTrainer
@@ -154,7 +154,7 @@ def run_rl(
             "threads": engine_threads,
         }
     )
-    engine = LocalEngine(lm, engine_cfg, version=state.version)
+    engine = make_rollout_engine(lm, cfg, engine_cfg, version=state.version)  # backend: local | ray
     env = build_env(engine, lm, world_dir, cfg.env, extra={"start": start_policy})
     metrics = MetricsWriter.from_logging(rl_dir, cfg.logging, config=cfg.model_dump(mode="json"))
     pad = lm.tokenizer.pad_token_id
@@ -347,6 +347,7 @@ def run_rl(
         collector = col.summary()
     bar.close()
     eng = engine.stats()
+    fleet = fleet_summary(engine, eng)  # backend: ray — versions per replica, faults
     engine.close()
     metrics.close()
     wall = time.perf_counter() - t_start
@@ -361,13 +362,17 @@ def run_rl(
         "wall_s": wall,
         "trainer_busy_s": trainer_busy,
         "trainer_idle_frac": max(0.0, 1 - trainer_busy / wall) if wall else 0.0,
-        "engine_busy_frac": min(1.0, eng.get("busy_s", 0.0) / wall) if wall else 0.0,
+        "engine_busy_frac": min(1.0, eng.get("busy_s", 0.0) / eng.get("replicas", 1.0) / wall)
+        if wall
+        else 0.0,
         "threads": {"engine": engine_threads, "trainer": trainer_threads},
         "engine": {
             k: eng[k] for k in ("tokens_generated", "hotloads", "evictions", "busy_s") if k in eng
         },
         "collector": collector,
     }
+    if fleet is not None:
+        summary["ray"] = fleet
     return summary
 
 

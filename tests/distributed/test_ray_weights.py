@@ -59,3 +59,33 @@ def test_backend_local_builds_the_in_process_engine(tiny):
         assert isinstance(engine, LocalEngine) and engine.version == 3
     finally:
         engine.close()
+
+
+def test_backend_local_builds_what_engine_backend_names(tiny):
+    """The local switch goes through the engine factory: ``engine.backend: vllm`` asks for
+    vLLM (here: refused with the extra to install when vLLM is absent)."""
+    import importlib.util
+
+    from provrl.distributed import make_rollout_engine
+    from provrl.engine import EngineConfig, EngineError
+
+    if importlib.util.find_spec("vllm") is not None:
+        pytest.skip("vLLM is installed: its engine is tested in tests/engine")
+    with pytest.raises(EngineError, match=r"engine\.backend=vllm: vLLM is not installed"):
+        make_rollout_engine(tiny, RunConfig(), EngineConfig(backend="vllm", max_context=64))
+
+
+def test_backend_ray_without_ray_fails_with_one_line_naming_the_extra(tiny, monkeypatch):
+    import importlib.util
+    import sys
+
+    from provrl.distributed import make_rollout_engine
+    from provrl.extras import MissingExtra
+
+    monkeypatch.setitem(sys.modules, "ray", None)  # `import ray` fails as if not installed
+    find_spec = importlib.util.find_spec
+    monkeypatch.setattr(
+        importlib.util, "find_spec", lambda name, *a: None if name == "ray" else find_spec(name, *a)
+    )
+    with pytest.raises(MissingExtra, match=r"backend: ray needs ray.*pip install 'provrl\[ray\]'"):
+        make_rollout_engine(tiny, RunConfig(backend="ray"))
