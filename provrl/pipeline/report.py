@@ -168,6 +168,16 @@ def write_report(run_dir: str | Path) -> Path:
     mixed = _mixed_trajectory(run)
     if mixed:
         md += ["## One mixed-version trajectory", "", mixed, ""]
+    elif (run / "rl" / "trajectories.jsonl").is_file():
+        md += [
+            "## Mixed-version trajectories",
+            "",
+            "None in this run: every RL episode was sampled between two hot-loads (each "
+            "finished before the next swap; see the lag histogram). Mixing needs episodes "
+            "still generating when a step ends — longer episodes, slower tools, or a faster "
+            "trainer.",
+            "",
+        ]
     path = out / "report.md"
     path.write_text("\n".join(md))
     return path
@@ -183,12 +193,12 @@ def rl_vs_warmstart(w: dict[str, Any], r: dict[str, Any]) -> str:
         d_acc = r["accuracy"] - w["accuracy"]
         se, how = math.hypot(w.get("accuracy_se", 0.0), r.get("accuracy_se", 0.0)), "binomial"
     cw, cr = w.get("mean_tool_calls_solved", nan), r.get("mean_tool_calls_solved", nan)
-    cut = 1 - cr / cw if cw and cw == cw and cr == cr else nan
+    change = cr / cw - 1 if cw and cw == cw and cr == cr else nan
     ex = r.get("excess_tool_calls_solved", nan)
     return (
         f"**RL vs warm start:** accuracy {d_acc * 100:+.1f} points (SE {se * 100:.1f}, {how}; "
         f"{d_acc / se if se else nan:+.1f} SE); tool calls per solved task {cw:.2f} → "
-        f"{cr:.2f} ({cut:+.0%} cut); RL's solved episodes use {ex:+.0%} calls over the oracle "
+        f"{cr:.2f} ({change:+.0%}); RL's solved episodes use {ex:+.0%} calls over the oracle "
         "minimum of their tasks."
     )
 

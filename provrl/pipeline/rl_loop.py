@@ -88,6 +88,7 @@ class RLState:
     trained: list[str] = field(default_factory=list)
     dropped: list[str] = field(default_factory=list)
     wall_s: float = 0.0
+    trainer_busy_s: float = 0.0
 
 
 def batch_stats(groups: Sequence[Group], trainer_version: int) -> dict[str, Any]:
@@ -194,8 +195,9 @@ def run_rl(
     resumed = {"trajectories_in_log": len(logged), "untrained_groups": len(partial)}
 
     steps_log = rl_dir / "steps.jsonl"
-    t_start = time.perf_counter() - state.wall_s
-    trainer_busy = 0.0
+    t_session = time.perf_counter()  # this process: the engine's counters start here
+    t_start = t_session - state.wall_s  # the stage: wall time accumulates across resumes
+    trainer_busy = state.trainer_busy_s
     ready: list[Group] = []
     n_dropped_groups = 0
     outstanding = 0  # groups started (or resubmitted) and not yet trained or dropped
@@ -223,6 +225,7 @@ def run_rl(
                 final / "optimizer.pt",
             )
         state.version, state.wall_s = result_version, time.perf_counter() - t_start
+        state.trainer_busy_s = trainer_busy
         write_json(final / "state.json", state.__dict__)
         (final / COMPLETE).write_text("")
         run.prune_checkpoints(keep=1)
@@ -351,6 +354,7 @@ def run_rl(
     engine.close()
     metrics.close()
     wall = time.perf_counter() - t_start
+    session = time.perf_counter() - t_session
     summary = {
         "mode": loop.mode,
         "steps": state.steps,
@@ -360,10 +364,13 @@ def run_rl(
         "groups_dropped_stale": n_dropped_groups + len(dropped),
         "resumed": resumed,
         "wall_s": wall,
+        "stage_wall_s": wall,
+        "session_wall_s": session,
         "trainer_busy_s": trainer_busy,
         "trainer_idle_frac": max(0.0, 1 - trainer_busy / wall) if wall else 0.0,
-        "engine_busy_frac": min(1.0, eng.get("busy_s", 0.0) / eng.get("replicas", 1.0) / wall)
-        if wall
+        # the engine's counters cover this process only (a resumed run starts a new engine)
+        "engine_busy_frac": min(1.0, eng.get("busy_s", 0.0) / eng.get("replicas", 1.0) / session)
+        if session
         else 0.0,
         "threads": {"engine": engine_threads, "trainer": trainer_threads},
         "engine": {

@@ -167,7 +167,8 @@ def _stage(run: RunDir, name: str, fn: Any) -> dict[str, Any]:
         return done
     t0 = time.perf_counter()
     out: dict[str, Any] = fn()
-    out["stage_wall_s"] = time.perf_counter() - t0
+    # a stage that resumes across processes (RL) reports its own total; else this call's time
+    out.setdefault("stage_wall_s", time.perf_counter() - t0)
     release_memory()
     return run.mark_done(name, out)
 
