@@ -185,14 +185,7 @@ class RayEngine:
             raise ValueError(f"ray.schedule {schedule!r} is not all or rolling")
         self.last_schedule_ms = (time.perf_counter() - t0) * 1e3
         self.last_reports = reports
-        return HotLoadReport(
-            mode=mode,
-            old_version=min(r.old_version for r in reports),
-            new_version=version,
-            update_ms=max(r.update_ms for r in reports),
-            in_flight=sum(r.in_flight for r in reports),
-            recomputed_tokens=sum(r.recomputed_tokens for r in reports),
-        )
+        return HotLoadReport.combine(reports, mode, version)
 
     def stats(self) -> dict[str, float]:
         """The router's totals and ``r{i}/…`` per replica, plus fleet totals of the engine

@@ -71,6 +71,21 @@ class HotLoadReport:
     """Requests alive across the swap (must all survive: none are dropped)."""
     recomputed_tokens: int = 0
 
+    @classmethod
+    def combine(
+        cls, reports: Sequence[HotLoadReport], mode: HotLoadMode, version: int
+    ) -> HotLoadReport:
+        """One report for a fleet's swap to ``version``: the oldest version left, the longest
+        pause, the summed in-flight and recomputed counts."""
+        return cls(
+            mode=mode,
+            old_version=min(r.old_version for r in reports),
+            new_version=version,
+            update_ms=max(r.update_ms for r in reports),
+            in_flight=sum(r.in_flight for r in reports),
+            recomputed_tokens=sum(r.recomputed_tokens for r in reports),
+        )
+
 
 @runtime_checkable
 class Engine(Protocol):

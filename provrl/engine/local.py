@@ -46,6 +46,7 @@ import torch
 
 from provrl.engine import audit, hotload
 from provrl.engine.api import EngineError, HotLoadMode, HotLoadReport, TurnOutput
+from provrl.engine.checks import check_continuation, check_ids, check_params, check_prompt
 from provrl.engine.config import EngineConfig
 from provrl.engine.hotload import HotLoad, read_weights
 from provrl.engine.llama import KVCache, LlamaWeights, Rope, StepInputs, forward, mlp_block
@@ -151,15 +152,9 @@ class LocalEngine:
         short); the future resolves with the whole turn and its provenance."""
         ids = [int(i) for i in prompt_ids]
         rid = request_id if request_id is not None else f"r{self.replica}-{next(self._ids)}"
-        self._check_params(rid, params)
-        if not ids:
-            raise EngineError(f"request {rid!r}: empty prompt")
-        self._check_ids(rid, ids, "prompt_ids")
-        if len(ids) >= self.cfg.max_context:
-            raise EngineError(
-                f"request {rid!r}: prompt has {len(ids)} tokens; max_context is "
-                f"{self.cfg.max_context} (no room to generate)"
-            )
+        V = self.shape.vocab_size
+        check_params(rid, params, V)
+        check_prompt(rid, ids, self.cfg.max_context, V)
         with self._cv:
             self._check_open()
             if rid in self._sched.requests:
@@ -181,18 +176,14 @@ class LocalEngine:
         """Append ``extra_ids`` to an idle request and sample its next turn on the kept KV
         (only ``extra_ids`` and the last sampled token are prefilled)."""
         extra = [int(i) for i in extra_ids]
-        self._check_params(request_id, params)
-        self._check_ids(request_id, extra, "extra_ids")
+        check_params(request_id, params, self.shape.vocab_size)
+        check_ids(request_id, extra, "extra_ids", self.shape.vocab_size)
         with self._cv:
             self._check_open()
             req = self._get(request_id)
             if req.state != "idle":
                 raise EngineError(f"request {request_id!r}: its previous turn is still running")
-            if len(req.ids) + len(extra) >= self.cfg.max_context:
-                raise EngineError(
-                    f"request {request_id!r}: context would be {len(req.ids) + len(extra)} "
-                    f"tokens; max_context is {self.cfg.max_context} (no room to generate)"
-                )
+            check_continuation(request_id, len(req.ids), len(extra), self.cfg.max_context)
             req.ids.extend(extra)
             req.params = params
             if params.seed is not None:
@@ -293,25 +284,6 @@ class LocalEngine:
         self.close()
 
     # ------------------------------------------------------------------ validation
-    def _check_params(self, rid: str, p: SamplingParams) -> None:
-        if p.max_new_tokens <= 0:
-            raise EngineError(f"request {rid!r}: max_new_tokens={p.max_new_tokens} must be ≥ 1")
-        if not p.temperature >= 0:
-            raise EngineError(f"request {rid!r}: temperature={p.temperature} must be ≥ 0")
-        if not 0 < p.top_p <= 1:
-            raise EngineError(f"request {rid!r}: top_p={p.top_p} must be in (0, 1]")
-        if p.top_k < 0:
-            raise EngineError(f"request {rid!r}: top_k={p.top_k} must be ≥ 0")
-        self._check_ids(rid, list(p.stop_token_ids), "stop_token_ids")
-
-    def _check_ids(self, rid: str, ids: list[int], what: str) -> None:
-        V = self.shape.vocab_size
-        for i, t in enumerate(ids):
-            if not 0 <= t < V:
-                raise EngineError(
-                    f"request {rid!r}: {what}[{i}] = {t} is outside the vocabulary [0, {V})"
-                )
-
     def _check_open(self) -> None:
         if self._error is not None:
             raise EngineError(f"engine replica {self.replica} failed: {self._error!r}")

@@ -159,14 +159,7 @@ class Router:
                 raise EngineError(f"load_weights: no replica {i} (have {len(self.engines)})")
         reports = [self.engines[i].load_weights(sd, version, mode) for i in chosen]
         self.last_reports = reports
-        return HotLoadReport(
-            mode=mode,
-            old_version=min(r.old_version for r in reports),
-            new_version=version,
-            update_ms=max(r.update_ms for r in reports),
-            in_flight=sum(r.in_flight for r in reports),
-            recomputed_tokens=sum(r.recomputed_tokens for r in reports),
-        )
+        return HotLoadReport.combine(reports, mode, version)
 
     def stats(self) -> dict[str, float]:
         """Totals over replicas plus ``r{i}/<name>`` per replica."""
