@@ -49,7 +49,7 @@ from provrl.env.tasks import Task
 from provrl.failpoints import failpoint
 from provrl.pipeline.admission import group_lag, may_start, split_stale
 from provrl.pipeline.collector import Collector, Group, build_env
-from provrl.pipeline.rundir import COMPLETE, RunDir, write_json
+from provrl.pipeline.rundir import COMPLETE, RunDir, release_memory, write_json
 from provrl.provenance import Trajectory
 from provrl.run_config import RunConfig
 
@@ -263,7 +263,7 @@ def run_rl(
         failpoint("rl.saved")  # version u+1 saved, not yet loaded anywhere
         engine.load_weights(result.state_dict, result.version, mode=mode)  # type: ignore[arg-type]
         failpoint("rl.hotloaded")
-        _trim_heap()
+        release_memory()
         bar.update(1)
         bar.set_postfix(acc=f"{stats['accuracy']:.2f}", calls=f"{stats['tool_calls']:.2f}")
 
@@ -381,24 +381,6 @@ def run_rl(
     if fleet is not None:
         summary["ray"] = fleet
     return summary
-
-
-def _trim_heap() -> None:
-    """Give freed heap pages back to the OS (glibc ``malloc_trim``; elsewhere a no-op).
-
-    Each step frees a state-dict copy and the backward pass's activations, of sizes that
-    change with the batch, on threads with their own malloc arenas; without a trim glibc
-    keeps the freed pages and the resident set grows step after step."""
-    import ctypes
-    import ctypes.util
-
-    name = ctypes.util.find_library("c")
-    if name is None:
-        return
-    try:
-        ctypes.CDLL(name).malloc_trim(0)
-    except (OSError, AttributeError):  # not glibc
-        return
 
 
 def _rss_mb() -> float:

@@ -18,7 +18,6 @@ resumes from its last checkpoint.
 
 from __future__ import annotations
 
-import contextlib
 import json
 import random
 import time
@@ -29,7 +28,7 @@ import numpy as np
 
 from provrl.config import ConfigError, dump_config
 from provrl.env.tasks import Task
-from provrl.pipeline.rundir import RunDir
+from provrl.pipeline.rundir import RunDir, release_memory
 from provrl.run_config import RunConfig
 
 
@@ -251,17 +250,6 @@ def _without(tree: dict[str, Any], keys: tuple[str, ...]) -> dict[str, Any]:
         if isinstance(node, dict):
             node.pop(last, None)
     return out
-
-
-def release_memory() -> None:
-    """Return freed heap to the OS between stages (each stage loads its own model, optimizer
-    and KV cache; glibc keeps freed arenas otherwise, and a 2-core/24 GB machine notices)."""
-    import ctypes
-    import gc
-
-    gc.collect()
-    with contextlib.suppress(OSError, AttributeError):
-        ctypes.CDLL("libc.so.6").malloc_trim(0)
 
 
 def _fill_missing(tree: Any, defaults: Any) -> Any:
