@@ -252,19 +252,24 @@ def test_the_collector_loses_and_doubles_no_episode_when_a_replica_dies(
     from provrl.trajlog import TrajectoryWriter, read_all
 
     tasks = load_split(small_world, "train")[:3]
-    s0, killed = eng.stats(), threading.Event()
+    s0 = eng.stats()
 
-    def kill_once(traj) -> None:
-        if not killed.is_set():
-            killed.set()
-            eng.kill_replica(1)
+    def kill_while_busy() -> None:
+        # The kill lands while replica 1 holds a turn, so the test sees a resubmission
+        # (killing at an arbitrary moment could find the replica idle between turns).
+        assert eng.clients[1].wait_ready(600)
+        wait_for(lambda: eng.clients[1].load() > 0)
+        eng.kill_replica(1)
 
+    killer = threading.Thread(target=kill_while_busy, daemon=True)
     log = tmp_path / "traj.jsonl"
     with (
         TrajectoryWriter(log) as w,
-        Collector(agent_env, concurrency=8, seed=5, writer=w, on_trajectory=kill_once) as col,
+        Collector(agent_env, concurrency=8, seed=5, writer=w) as col,
     ):
+        killer.start()
         groups = list(col.run(tasks, 4))
+    killer.join(600)
     s1 = eng.stats()
     written = read_all(log)
     ids = [t.traj_id for t in written]
