@@ -8,8 +8,12 @@ Three measurements, each printed in one JSON object:
 * **throughput**: ``concurrency`` chat prompts × exactly ``new_tokens`` tokens (temperature 1,
   EOS not a stop), submitted at once: one :class:`~provrl.engine.LocalEngine` in this
   process with ``--threads`` torch threads vs ``--replicas`` Ray actors with one thread each
-  (:class:`~provrl.distributed.engine.RayEngine`, the router placing requests). Repeats
-  alternate the order; the headline is the median of per-repeat ratios.
+  (:class:`~provrl.distributed.engine.RayEngine`, the router placing requests). A third arm,
+  the **ceiling** of splitting the work at all: ``--replicas`` plain OS processes, each one
+  single-threaded ``LocalEngine`` with its share of the prompts, started on a barrier, no
+  Ray, no router (``--no-ceiling`` skips it). Ray over plain processes is what the actor
+  layer costs; plain processes over one engine is what one-thread-per-process can give on
+  this CPU at all. Repeats rotate the order; headlines are medians of per-repeat ratios.
 * **hot-load**: while every request is generating, a new version is published once and
   loaded with ``schedule: all`` or ``rolling`` (alternating, ``--swaps`` each, modes keep and
   drain; requests of ``--hotload-tokens`` tokens): per-replica pause (the replica's own
@@ -48,6 +52,71 @@ def run_batch(engine: Any, prompts: list[list[int]], new_tokens: int, seed: int)
 
     outs, dt = engine_run(engine, prompts, new_tokens, seed)
     return sum(len(o.token_ids) for o in outs), dt
+
+
+def median_ratio(num: list[float], den: list[float]) -> float:
+    """The median of per-repeat ratios (the arms of one repeat ran back to back)."""
+    return median([a / b for a, b in zip(num, den, strict=True)])
+
+
+def _plain_replica(model: str, cfg: dict[str, Any], prompts: list[list[int]], new_tokens: int, conn: Any, barrier: Any) -> None:  # fmt: skip
+    """One ceiling worker: a single-threaded LocalEngine in its own process. For each seed
+    received: wait for the others at the barrier, run its prompts, send back (tokens,
+    start, end) on the system-wide monotonic clock."""
+    import torch
+
+    torch.set_num_threads(1)
+    from provrl.engine import EngineConfig, LocalEngine
+    from provrl.models import load_model
+
+    with LocalEngine(load_model(model), EngineConfig(**cfg)) as eng:
+        run_batch(eng, prompts[:4], 4, seed=0)  # warm-up
+        conn.send("ready")
+        while (seed := conn.recv()) is not None:
+            barrier.wait()
+            t0 = time.monotonic()
+            n, _ = run_batch(eng, prompts, new_tokens, seed)
+            conn.send((n, t0, time.monotonic()))
+
+
+class PlainProcesses:
+    """``n`` ceiling workers (spawned, so no torch state is forked); ``run`` returns the
+    tokens/s of one batch split across them: all tokens over first start → last end."""
+
+    def __init__(self, n: int, model: str, cfg: dict[str, Any], prompts: list[list[int]], new_tokens: int) -> None:  # fmt: skip
+        import multiprocessing as mp
+
+        ctx = mp.get_context("spawn")
+        self.barrier = ctx.Barrier(n)
+        self.conns, self.procs = [], []
+        for i in range(n):
+            mine, theirs = ctx.Pipe()
+            share = prompts[i::n]
+            p = ctx.Process(
+                target=_plain_replica,
+                args=(model, cfg, share, new_tokens, theirs, self.barrier),
+                daemon=True,
+            )
+            p.start()
+            self.conns.append(mine)
+            self.procs.append(p)
+        for c in self.conns:
+            if c.recv() != "ready":
+                raise RuntimeError("a ceiling worker failed to start")
+
+    def run(self, seed: int) -> float:
+        for i, c in enumerate(self.conns):
+            c.send(seed + i)
+        outs = [c.recv() for c in self.conns]
+        return sum(n for n, _, _ in outs) / (
+            max(e for _, _, e in outs) - min(s for _, s, _ in outs)
+        )
+
+    def close(self) -> None:
+        for c in self.conns:
+            c.send(None)
+        for p in self.procs:
+            p.join(60)
 
 
 def perturbed(sd: dict[str, Any], version: int) -> dict[str, Any]:
@@ -223,6 +292,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     ap.add_argument("--swaps", type=int, default=2, help="hot-loads per schedule and mode")
     ap.add_argument("--hotload-tokens", type=int, default=32, help="tokens per request in the hot-load phase")  # fmt: skip
     ap.add_argument("--episodes", type=int, default=0, help="tasks of the episode kill phase (×4 samples; 0 skips it)")  # fmt: skip
+    ap.add_argument("--no-ceiling", action="store_true", help="skip the plain-process arm")
     ap.add_argument("--json", action="store_true")
     args = ap.parse_args(argv)
     import importlib.util
@@ -259,17 +329,41 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     for e in (local, ray_eng):  # warm-up
         run_batch(e, prompts[:4], 4, seed=0)
 
-    local_tps, ray_tps, ratios = [], [], []
+    arms: dict[str, Any] = {"local": local, "ray": ray_eng}
+    if not args.no_ceiling:
+        say("ceiling: plain single-threaded processes")
+        arms["plain"] = PlainProcesses(
+            args.replicas,
+            args.model,
+            cfg.model_copy(update={"threads": 1}).model_dump(),
+            prompts,
+            args.new_tokens,
+        )
+    tps: dict[str, list[float]] = {a: [] for a in arms}
     for r in range(args.repeats):
-        order = (("local", local), ("ray", ray_eng))
-        res: dict[str, float] = {}
-        for who, e in order if r % 2 == 0 else order[::-1]:
-            n, dt = run_batch(e, prompts, args.new_tokens, seed=1000 * r)
-            res[who] = n / dt
-            say(f"repeat {r + 1}: {who} {res[who]:.1f} tokens/s")
-        local_tps.append(res["local"])
-        ray_tps.append(res["ray"])
-        ratios.append(res["ray"] / res["local"])
+        names = list(arms)
+        for who in names[r % len(names) :] + names[: r % len(names)]:  # rotate the order
+            e = arms[who]
+            if who == "plain":
+                tps[who].append(e.run(seed=1000 * r))
+            else:
+                n, dt = run_batch(e, prompts, args.new_tokens, seed=1000 * r)
+                tps[who].append(n / dt)
+            say(f"repeat {r + 1}: {who} {tps[who][-1]:.1f} tokens/s")
+    local_tps, ray_tps = tps["local"], tps["ray"]
+    ratios = [b / a for a, b in zip(local_tps, ray_tps, strict=True)]  # per repeat
+    ceiling = None
+    if "plain" in arms:
+        arms["plain"].close()
+        plain = tps["plain"]
+        ceiling = {
+            "processes": args.replicas,
+            "threads_per_process": 1,
+            "tokens_per_s": median(plain),
+            "tokens_per_s_all": plain,
+            "ratio_plain_vs_in_process": median_ratio(plain, local_tps),
+            "ratio_ray_vs_plain": median_ratio(ray_tps, plain),
+        }
     local.close()
 
     sd = {k: v.detach().clone() for k, v in lm.model.state_dict().items()}
@@ -301,6 +395,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         },
         "ratio_ray_vs_in_process": median(ratios),
         "ratio_all": ratios,
+        "ceiling": ceiling,
         "in_process_tokens_per_s_all": local_tps,
         "ray_tokens_per_s_all": ray_tps,
         "hotload": hot,

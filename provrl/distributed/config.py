@@ -91,6 +91,24 @@ class RayConfig(Section):
         description="Longest wait for a replica's counters in stats(); a replica that does "
         "not answer (restarting) reports only its client-side counters.",
     )
+    trainer_threads: int = Field(
+        0,
+        ge=0,
+        description="torch threads of the trainer actor (0: as many as the driver process "
+        "has). The trainer runs as a Ray actor in its own process whenever backend is ray.",
+    )
+    trainer_cpus: float = Field(
+        0.0,
+        ge=0.0,
+        description="CPUs the trainer actor reserves in Ray's accounting. 0 lets it share "
+        "the replicas' cores, as the in-process trainer shares the engine's; on a cluster "
+        "set it (and trainer_gpus) so Ray keeps replicas off the trainer's cores.",
+    )
+    trainer_gpus: float = Field(
+        0.0,
+        ge=0.0,
+        description="GPUs the trainer actor asks Ray for (1 with model.device=cuda).",
+    )
     log_to_driver: bool = Field(
         False, description="Forward the replica processes' stdout/stderr to this process."
     )

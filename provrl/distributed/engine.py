@@ -26,7 +26,7 @@ from typing import Any
 from provrl.distributed.client import COUNTERS, FAULTS, ReplicaClient
 from provrl.distributed.config import RayConfig
 from provrl.distributed.replica import EngineReplica
-from provrl.distributed.weights import WeightStore
+from provrl.distributed.weights import Published, WeightStore
 from provrl.engine.api import EngineError, HotLoadMode, HotLoadReport, TurnOutput
 from provrl.engine.config import EngineConfig
 from provrl.provenance import SamplingParams
@@ -90,7 +90,8 @@ class RayEngine:
         self._t0 = time.perf_counter()
         self.store = WeightStore(version)
         self._base_version = version
-        self._model_ref: Any = ray.put(lm)
+        self.model_ref: Any = ray.put(lm)
+        """The LoadedModel in the object store (the replicas' and the trainer actor's start)."""
         self._replica_cfg = engine_cfg.model_copy(update={"threads": cfg.threads}).model_dump()
         options: dict[str, Any] = {
             "num_cpus": cfg.threads,
@@ -119,7 +120,7 @@ class RayEngine:
         """A new actor for replica ``index`` at the newest published version."""
         version, ref = self.store.latest()
         handle = self._actor_cls.remote(
-            self._model_ref, self._replica_cfg, index, self._base_version, ref, version
+            self.model_ref, self._replica_cfg, index, self._base_version, ref, version
         )
         return handle, max(version, self._base_version)
 
@@ -156,20 +157,25 @@ class RayEngine:
 
     def load_weights(
         self,
-        weights: Mapping[str, Any] | str | os.PathLike[str],
+        weights: Mapping[str, Any] | str | os.PathLike[str] | Published,
         version: int,
         mode: HotLoadMode = "keep",
         *,
         schedule: str | None = None,
     ) -> HotLoadReport:
         """Publish ``weights`` once as ``version`` and load it on every replica by
-        ``schedule`` (default ``ray.schedule``). The report: the longest per-replica pause,
-        summed in-flight and recomputed counts; ``last_reports`` holds the per-replica
-        reports, ``last_schedule_ms`` the wall time of the whole schedule."""
-        from provrl.engine.hotload import read_weights
+        ``schedule`` (default ``ray.schedule``); a :class:`Published` (the trainer actor's
+        weights, already in the object store) is handed on as it is. The report: the
+        longest per-replica pause, summed in-flight and recomputed counts; ``last_reports``
+        holds the per-replica reports, ``last_schedule_ms`` the wall time of the whole
+        schedule."""
+        if isinstance(weights, Published):
+            ref = self.store.adopt(weights, version)
+        else:
+            from provrl.engine.hotload import read_weights
 
-        sd, _ = read_weights(weights)
-        ref = self.store.publish(sd, version)
+            sd, _ = read_weights(weights)
+            ref = self.store.publish(sd, version)
         schedule = schedule or self.cfg.schedule
         t0 = time.perf_counter()
 
@@ -217,7 +223,7 @@ class RayEngine:
 
         for c in self.clients:
             c.close()
-        self._model_ref = None
+        self.model_ref = None
         if self._started_ray:
             ray.shutdown()
 

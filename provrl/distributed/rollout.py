@@ -9,7 +9,10 @@ from provrl.engine.api import Engine
 from provrl.engine.config import EngineConfig
 
 if TYPE_CHECKING:
+    import os
+
     from provrl.run_config import RunConfig
+    from provrl.train.learner import Learner
 
 FLEET_FAULTS = ("deaths", "restarts", "turns_resubmitted", "turns_failed", "requests_reprefilled")
 """Fault counters the RL stage summary keeps (fleet totals and per replica)."""
@@ -38,6 +41,44 @@ def make_rollout_engine(
     from provrl.engine.factory import make_engine
 
     return make_engine(lm, engine_cfg, version=version)
+
+
+def make_learner(
+    lm: Any,
+    cfg: RunConfig,
+    engine: Engine,
+    *,
+    version: int,
+    metrics: Any = None,
+    threads: int = 0,
+    optimizer_state: str | os.PathLike[str] | None = None,
+) -> Learner:
+    """The RL stage's learner: ``backend: local`` → a
+    :class:`~provrl.train.learner.LocalLearner` over ``lm.model`` in this process;
+    ``backend: ray`` → a :class:`~provrl.distributed.trainer.RayLearner`, the trainer in a
+    Ray actor starting from the model the replicas started from (``engine.model_ref``).
+    ``threads``: torch threads the trainer should use (0: ``ray.trainer_threads``, else the
+    process default); ``optimizer_state``: the checkpoint directory a resumed run restores
+    the optimizer from."""
+    if cfg.backend == "ray":
+        from provrl.distributed.engine import RayEngine
+        from provrl.distributed.trainer import RayLearner
+
+        return RayLearner(
+            engine.model_ref if isinstance(engine, RayEngine) else lm,
+            cfg.rl,
+            cfg.ray,
+            version=version,
+            seed=cfg.seed + version,
+            threads=threads or cfg.ray.trainer_threads,
+            metrics=metrics,
+            optimizer_state=optimizer_state,
+        )
+    from provrl.train.learner import LocalLearner
+
+    return LocalLearner(
+        lm, cfg.rl, version=version, metrics=metrics, optimizer_state=optimizer_state
+    )
 
 
 def fleet_summary(engine: Engine, stats: dict[str, float]) -> dict[str, Any] | None:

@@ -65,6 +65,18 @@ def unpack_state_dict(packed: PackedWeights) -> dict[str, torch.Tensor]:
     return out
 
 
+@dataclass(frozen=True)
+class Published:
+    """A version some other process already put in the object store (the trainer actor's
+    packed weights, :mod:`provrl.distributed.trainer`): ``RayEngine.load_weights`` takes it
+    in place of a state dict and hands the reference to the replicas as it is."""
+
+    ref: Any
+    """The ObjectRef of a :class:`PackedWeights`."""
+    nbytes: int
+    """Its size (for the published-bytes counter)."""
+
+
 class WeightTransport(Protocol):
     """How a version's weights reach the replicas: published once, fetched by each."""
 
@@ -109,6 +121,22 @@ class WeightStore:
             self.published += 1
             self.published_bytes += packed.nbytes
         return ref
+
+    def adopt(self, published: Published, version: int) -> Any:
+        """Make an already published :class:`Published` the newest version (no copy)."""
+        with self._lock:
+            if version <= self._version:
+                if version == self._version and self._ref is published.ref:
+                    return self._ref
+                from provrl.engine.api import EngineError
+
+                raise EngineError(
+                    f"load_weights: version {version} must be newer than version {self._version}"
+                )
+            self._version, self._ref = version, published.ref
+            self.published += 1
+            self.published_bytes += published.nbytes
+        return published.ref
 
     def latest(self) -> tuple[int, Any]:
         with self._lock:

@@ -107,8 +107,11 @@ class CollectorStats:
             "episodes_per_s": self.episodes / self.wall_s if self.wall_s else 0.0,
             "tokens_generated": e.get("tokens_generated", 0.0),
             "tokens_per_s": e.get("tokens_generated", 0.0) / self.wall_s if self.wall_s else 0.0,
-            # fraction of wall time the engine thread spent computing a step
-            "engine_busy_frac": min(1.0, e.get("busy_s", 0.0) / self.wall_s)
+            # fraction of wall time an engine thread spent computing a step (the mean over
+            # replicas: busy_s is the fleet's sum)
+            "engine_busy_frac": min(
+                1.0, e.get("busy_s", 0.0) / e.get("replicas", 1.0) / self.wall_s
+            )
             if self.wall_s
             else 0.0,
             # generated rows per engine step: how full continuous batching kept the batch

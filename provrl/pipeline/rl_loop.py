@@ -129,10 +129,9 @@ def run_rl(
     stage summary. Resumes from ``RUN/rl`` when it holds a checkpoint or a log."""
     import torch
 
-    from provrl.distributed import fleet_summary, make_rollout_engine
+    from provrl.distributed import fleet_summary, make_learner, make_rollout_engine
     from provrl.models import load_model
     from provrl.report.metrics import MetricsWriter
-    from provrl.train.rl import RLTrainer
     from provrl.trajlog import TrajectoryWriter, read_trajectories
 
     loop, rl_dir = cfg.pipeline.rl, run.stage("rl")
@@ -158,20 +157,15 @@ def run_rl(
     engine = make_rollout_engine(lm, cfg, engine_cfg, version=state.version)  # backend: local | ray
     env = build_env(engine, lm, world_dir, cfg.env, extra={"start": start_policy})
     metrics = MetricsWriter.from_logging(rl_dir, cfg.logging, config=cfg.model_dump(mode="json"))
-    pad = lm.tokenizer.pad_token_id
-    trainer = RLTrainer(
-        lm.model,
-        cfg.rl,
-        pad_token_id=pad if pad is not None else 0,
+    learner = make_learner(  # backend: local → this process; ray → a trainer actor
+        lm,
+        cfg,
+        engine,
         version=state.version,
         metrics=metrics,
-        tokenizer=lm.tokenizer_identity,
+        threads=trainer_threads,
+        optimizer_state=None if latest is None else latest[1],
     )
-    if latest is not None and trainer.optimizer is not None:
-        opt = torch.load(latest[1] / "optimizer.pt", weights_only=True)
-        trainer.optimizer.load_state_dict(opt["optimizer"])
-        trainer.generator.set_state(opt["generator"])
-        trainer.optimizer_steps = int(opt["optimizer_steps"])
 
     order = TaskOrder(tasks, cfg.pipeline.tasks.seed + 1)
     by_id = {t.task_id: t for t in tasks}
@@ -204,26 +198,8 @@ def run_rl(
 
     def save(result_version: int) -> None:
         """Checkpoint u+1 (weights, optimizer, RNG, trained ids) — complete before hot-load."""
-        from provrl.models import save_checkpoint
-
         final = rl_dir / f"ckpt-v{result_version}"
-        save_checkpoint(
-            lm.model,
-            lm.tokenizer,
-            final,
-            kind="rl",
-            version=result_version,
-            start_policy=start_policy,
-        )
-        if trainer.optimizer is not None:
-            torch.save(
-                {
-                    "optimizer": trainer.optimizer.state_dict(),
-                    "generator": trainer.generator.get_state(),
-                    "optimizer_steps": trainer.optimizer_steps,
-                },
-                final / "optimizer.pt",
-            )
+        learner.save(final, kind="rl", version=result_version, start_policy=start_policy)
         state.version, state.wall_s = result_version, time.perf_counter() - t_start
         state.trainer_busy_s = trainer_busy
         write_json(final / "state.json", state.__dict__)
@@ -248,8 +224,8 @@ def run_rl(
         )
 
     def train(groups: list[Group]) -> tuple[Any, dict[str, Any]]:
-        stats = batch_stats(groups, trainer.version)
-        result = trainer.step([t for g in groups for t in g.trajectories])
+        stats = batch_stats(groups, learner.version)
+        result = learner.step([t for g in groups for t in g.trajectories])
         return result, stats
 
     def finish_step(result: Any, stats: dict[str, Any], groups: list[Group], mode: str) -> None:
@@ -261,7 +237,7 @@ def run_rl(
         save(result.version)  # before the engine may sample a single token of it
         record(dict(result.metrics), stats)
         failpoint("rl.saved")  # version u+1 saved, not yet loaded anywhere
-        engine.load_weights(result.state_dict, result.version, mode=mode)  # type: ignore[arg-type]
+        engine.load_weights(result.weights, result.version, mode=mode)  # type: ignore[arg-type]
         failpoint("rl.hotloaded")
         release_memory()
         bar.update(1)
@@ -307,15 +283,15 @@ def run_rl(
                 for g in batch:  # strict on-policy: every token from the weights being updated
                     for t in g.trajectories:
                         vs = t.version[t.is_action]
-                        if len(vs) and (vs != trainer.version).any():
+                        if len(vs) and (vs != learner.version).any():
                             raise AssertionError(
                                 f"sync: {t.traj_id} has versions {sorted(set(vs.tolist()))}, "
-                                f"trainer is at {trainer.version}"
+                                f"trainer is at {learner.version}"
                             )
                 result, stats = train(batch)
                 finish_step(result, stats, batch, "drain")
         else:
-            learner = ThreadPoolExecutor(
+            background = ThreadPoolExecutor(
                 1,
                 thread_name_prefix="learner",
                 initializer=lambda: _set_threads(trainer_threads),
@@ -332,7 +308,7 @@ def run_rl(
                         finish_step(result, stats, in_training, loop.hotload)
                         fut, in_training = None, []
                     if fut is None and state.steps < loop.steps:
-                        fresh, stale = split_stale(ready, trainer.version, loop.max_lag)
+                        fresh, stale = split_stale(ready, learner.version, loop.max_lag)
                         for g in stale:
                             state.dropped.extend(t.traj_id for t in g.trajectories)
                             n_dropped_groups += 1
@@ -341,16 +317,18 @@ def run_rl(
                         if len(ready) >= G:
                             in_training, ready = ready[:G], ready[G:]
                             assert all(
-                                group_lag(g, trainer.version) <= loop.max_lag for g in in_training
+                                group_lag(g, learner.version) <= loop.max_lag for g in in_training
                             )
-                            fut = learner.submit(train, in_training)
+                            fut = background.submit(train, in_training)
             finally:
-                learner.shutdown(wait=True)
+                background.shutdown(wait=True)
         col.drain()
         collector = col.summary()
     bar.close()
     eng = engine.stats()
     fleet = fleet_summary(engine, eng)  # backend: ray — versions per replica, faults
+    trainer_info = learner.info()
+    learner.close()
     engine.close()
     metrics.close()
     wall = time.perf_counter() - t_start
@@ -373,6 +351,7 @@ def run_rl(
         if session
         else 0.0,
         "threads": {"engine": engine_threads, "trainer": trainer_threads},
+        "trainer": trainer_info,
         "engine": {
             k: eng[k] for k in ("tokens_generated", "hotloads", "evictions", "busy_s") if k in eng
         },

@@ -79,6 +79,8 @@ def _check(run: Path) -> tuple[dict, list]:
     for i in trained:
         replicas.update(by_id[i].replica[by_id[i].is_action].tolist())
     assert set(replicas) == {0, 1}
+    # the trainer ran as an actor: its own process, its weights published from there
+    assert rl["trainer"]["where"] == "ray-actor" and rl["trainer"]["pid"] != os.getpid()
     fleet = rl["ray"]
     assert fleet["replicas"] == 2 and fleet["schedule"] == "rolling"
     assert fleet["published_versions"] == 3

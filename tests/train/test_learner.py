@@ -1,0 +1,96 @@
+"""The learner role: save / restore resumes the update sequence exactly, and the trainer as a
+Ray actor computes the same update as the trainer in this process — weights, metrics and
+checkpoint — while its weights reach the caller only as an object-store reference."""
+
+from __future__ import annotations
+
+import copy
+import dataclasses
+import os
+
+import pytest
+import torch
+from conftest import even_fraction, sample_group
+
+from provrl.models import load_model
+from provrl.report.metrics import MetricsWriter, read_metrics
+from provrl.train.config import RLConfig
+from provrl.train.learner import OPTIMIZER_FILE, LocalLearner
+
+CFG = RLConfig(lr=1e-3)
+
+
+def batch(model, prompts, seed: int):
+    out = []
+    for j, (task_id, ids) in enumerate(prompts[:2]):
+        out += sample_group(
+            model, ids, task_id=task_id, n=4, max_new_tokens=6, reward=even_fraction, seed=seed + j
+        )
+    return out
+
+
+def own(tiny):
+    """A LoadedModel over a copy of the session's tiny weights (the learner trains it)."""
+    return dataclasses.replace(tiny, model=copy.deepcopy(tiny.model))
+
+
+@pytest.fixture(scope="module")
+def batches(tiny, prompts):
+    return [batch(tiny.model, prompts, seed) for seed in (0, 10)]
+
+
+def same_weights(a: dict, b: dict) -> bool:
+    return a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+
+
+def test_a_restored_learner_continues_exactly_where_the_saved_one_was(tiny, batches, tmp_path):
+    a = LocalLearner(own(tiny), CFG, version=0)
+    a.step(batches[0])
+    a.save(tmp_path / "ckpt", kind="rl", version=1)
+    assert (tmp_path / "ckpt" / OPTIMIZER_FILE).is_file()
+    second = a.step(batches[1])
+
+    b = LocalLearner(load_model(str(tmp_path / "ckpt")), CFG, version=1, optimizer_state=tmp_path / "ckpt")  # fmt: skip
+    again = b.step(batches[1])
+    assert again.version == second.version == 2
+    assert same_weights(again.weights, second.weights)  # AdamW moments and step count restored
+
+
+def test_an_unreadable_optimizer_state_names_the_file(tiny, tmp_path):
+    (tmp_path / OPTIMIZER_FILE).write_bytes(b"not a torch file")
+    with pytest.raises(ValueError, match=f"{OPTIMIZER_FILE}: unreadable optimizer state"):
+        LocalLearner(own(tiny), CFG, version=0, optimizer_state=tmp_path)
+
+
+def test_the_trainer_actor_computes_the_in_process_update(tiny, batches, tmp_path):
+    ray = pytest.importorskip("ray")
+    from provrl.distributed.config import RayConfig
+    from provrl.distributed.trainer import RayLearner
+    from provrl.distributed.weights import Published, unpack_state_dict
+
+    local = LocalLearner(own(tiny), CFG, version=0)
+    expected = [local.step(b) for b in batches]
+
+    metrics = MetricsWriter(tmp_path / "m", tensorboard=False)
+    learner = RayLearner(
+        tiny, CFG, RayConfig(num_cpus=1, object_store_mb=128), version=0, seed=0, threads=1,
+        metrics=metrics,
+    )  # fmt: skip
+    try:
+        info = learner.info()
+        assert info["where"] == "ray-actor" and info["pid"] != os.getpid() and info["threads"] == 1
+        got = [learner.step(b) for b in batches]
+        assert learner.version == 2
+        for g, e in zip(got, expected, strict=True):
+            assert isinstance(g.weights, Published) and g.version == e.version
+            assert same_weights(unpack_state_dict(ray.get(g.weights.ref)), e.weights)
+            assert g.metrics["loss"] == e.metrics["loss"]
+        learner.save(tmp_path / "ckpt", kind="rl", version=2)
+    finally:
+        learner.close()
+    metrics.close()
+    rows = read_metrics(tmp_path / "m" / "metrics.jsonl")  # replayed from the actor
+    assert [r["step"] for r in rows] == [1, 2]
+    assert [r["rl/loss"] for r in rows] == [e.metrics["loss"] for e in expected]
+    saved = load_model(str(tmp_path / "ckpt")).model.state_dict()
+    assert same_weights(saved, expected[-1].weights) and (tmp_path / "ckpt" / OPTIMIZER_FILE).is_file()  # fmt: skip
