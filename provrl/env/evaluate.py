@@ -151,13 +151,16 @@ def evaluate(
     progress: bool = True,
     dtype: str = "float32",
     plot: bool = True,
+    make_engine: Any = None,
 ) -> dict[str, Any]:
     """Evaluate ``policy`` (``oracle``, a model name or a checkpoint dir) on a split of the
     world, or on the tasks of ``tasks_file`` (provrl task records or plain QA records,
     :func:`provrl.env.tasks.read_task_file`) with whatever search backend ``cfg.search``
     names. The oracle's traces are tokenized with ``tokenizer`` (a model name or dir: the
     policy they are meant to teach). ``plot`` draws ``run_dir/eval.png`` (pass@j, the K
-    histogram)."""
+    histogram). ``make_engine(lm, engine_cfg)`` builds the rollout engine (None: an
+    in-process :class:`~provrl.engine.LocalEngine`; the pipeline passes the run config's
+    backend, :func:`provrl.distributed.make_rollout_engine`)."""
     from provrl.env.agent import AgentEnv, oracle_trajectory, tools_identity
     from provrl.env.build import load_split
     from provrl.env.oracle import run_oracle
@@ -247,7 +250,7 @@ def evaluate(
                 f"{log}: holds trajectories of another policy or tool configuration "
                 f"({foreign[0].traj_id}); evaluate into a new run directory"
             )
-        engine = LocalEngine(lm, ecfg)
+        engine = (make_engine or LocalEngine)(lm, ecfg)
         env = AgentEnv(engine, lm.tokenizer, backend, a, cfg.search, policy_id, tools, shots)
         try:
             with (

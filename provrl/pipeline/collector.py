@@ -103,6 +103,7 @@ class CollectorStats:
             "episodes": self.episodes,
             "episodes_reused": self.episodes_reused,
             "groups": self.groups,
+            "replicas": int(e.get("replicas", 1.0)),  # engine replicas the episodes ran on
             "wall_s": round(self.wall_s, 3),
             "episodes_per_s": self.episodes / self.wall_s if self.wall_s else 0.0,
             "tokens_generated": e.get("tokens_generated", 0.0),
@@ -289,6 +290,7 @@ class Collector:
         self.stats.wall_s = time.perf_counter() - self._t0
         now = _engine_stats(self.env)
         self.stats.engine = {k: now.get(k, 0.0) - self._engine0.get(k, 0.0) for k in now}
+        self.stats.engine["replicas"] = now.get("replicas", 1.0)  # a gauge, not a counter
 
 
 def _engine_stats(env: AgentEnv) -> dict[str, float]:
@@ -308,9 +310,11 @@ def open_policy_env(
     dtype: str = "float32",
     exclude_answers: Iterable[str] = (),
     version: int = 0,
+    make_engine: Any = None,
 ) -> Iterator[tuple[AgentEnv, Any]]:
-    """Load ``policy`` (a model name or checkpoint dir), start a :class:`LocalEngine` on it,
-    build the search backend, the tools identity and the worked examples; yield
+    """Load ``policy`` (a model name or checkpoint dir), start an engine on it —
+    ``make_engine(lm, engine_cfg, version=v)``, default an in-process :class:`LocalEngine`
+    — build the search backend, the tools identity and the worked examples; yield
     ``(env, loaded_model)`` and close the engine on exit."""
     from provrl.engine import EngineConfig, LocalEngine
     from provrl.models import load_model
@@ -323,7 +327,7 @@ def open_policy_env(
         seed=env_cfg.eval.seed,
         dtype=dtype,
     )
-    engine = LocalEngine(lm, ecfg, version=version)
+    engine = (make_engine or LocalEngine)(lm, ecfg, version=version)
     try:
         yield build_env(engine, lm, world_dir, env_cfg, exclude_answers=exclude_answers), lm
     finally:

@@ -114,9 +114,11 @@ def run_probe(
     engine_cfg: Any = None,
     concurrency: int = 32,
     progress: bool = True,
+    make_engine: Any = None,
 ) -> dict[str, Any]:
     """Probe ``tasks`` k times each with ``policy`` (see the module docstring); returns (and
-    writes) ``probe.json``."""
+    writes) ``probe.json``. ``make_engine``: as :func:`~provrl.pipeline.collector.open_policy_env`
+    (the pipeline passes the run config's backend)."""
     from provrl.pipeline.collector import Collector, open_policy_env
     from provrl.trajlog import TrajectoryWriter, read_trajectories
 
@@ -139,10 +141,9 @@ def run_probe(
     K: dict[str, int] = {}
     groups = {}
     with (
-        open_policy_env(policy, world_dir, env_cfg, dtype=dtype, engine_cfg=engine_cfg) as (
-            env,
-            lm,
-        ),
+        open_policy_env(
+            policy, world_dir, env_cfg, dtype=dtype, engine_cfg=engine_cfg, make_engine=make_engine
+        ) as (env, lm),
         TrajectoryWriter(log) as writer,
         Collector(
             env,

@@ -39,6 +39,7 @@ def probe(
         engine_cfg=_engine_cfg(cfg, loop.concurrency),
         concurrency=loop.concurrency,
         progress=progress,
+        make_engine=rollout_engines(cfg),
     )
     out.pop("records")  # in RUN/probe/probe.json; the stage marker keeps the summary
     return out
@@ -122,6 +123,7 @@ def evaluate_policy(
         progress=progress,
         dtype=cfg.model.dtype,
         engine_cfg=_engine_cfg(cfg, e.concurrency),
+        make_engine=rollout_engines(cfg),
     )
     from provrl.trajlog import read_all
 
@@ -178,6 +180,18 @@ def _env_for(cfg: RunConfig, *, concurrency: int) -> Any:
     env = cfg.env.model_copy(deep=True)
     env.eval.concurrency = concurrency
     return env
+
+
+def rollout_engines(cfg: RunConfig) -> Any:
+    """``make_engine(lm, engine_cfg, version=0)`` for the probe and eval stages: the engine
+    the run config names — ``backend: ray`` replicas, or in process the engine
+    ``engine.backend`` names — as the RL stage builds it."""
+    from provrl.distributed import make_rollout_engine
+
+    def make(lm: Any, engine_cfg: Any, version: int = 0) -> Any:
+        return make_rollout_engine(lm, cfg, engine_cfg, version=version)
+
+    return make
 
 
 def _engine_cfg(cfg: RunConfig, concurrency: int) -> Any:

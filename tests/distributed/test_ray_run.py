@@ -24,8 +24,8 @@ from typer.testing import CliRunner
 from provrl.cli import app
 from provrl.trajlog import read_all
 
-# the quick preset on Ray, made smaller as in tests/pipeline (no held-out eval: the eval
-# stage runs in-process whatever the backend)
+# the quick preset on Ray, made smaller as in tests/pipeline (no held-out eval: it runs on
+# the same replicas as the probe, which is checked below)
 RAY = [
     "backend=ray",
     "ray.replicas=2",
@@ -103,6 +103,8 @@ def _check(run: Path) -> tuple[dict, list]:
 def test_quick_run_on_ray_end_to_end(ray_run):
     for stage in ("world", "warmstart", "probe", "filter", "rl", "report"):
         assert (ray_run / stage / "done.json").is_file(), stage
+    probe = json.loads((ray_run / "probe" / "done.json").read_text())
+    assert probe["throughput"]["replicas"] == 2  # the probe's episodes ran on the Ray replicas
     rl, _ = _check(ray_run)
     assert rl["ray"]["faults"] == dict.fromkeys(
         ("deaths", "restarts", "turns_resubmitted", "turns_failed", "requests_reprefilled"), 0
