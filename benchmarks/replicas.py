@@ -340,8 +340,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
             args.new_tokens,
         )
     tps: dict[str, list[float]] = {a: [] for a in arms}
+    names = list(arms)
     for r in range(args.repeats):
-        names = list(arms)
         for who in names[r % len(names) :] + names[: r % len(names)]:  # rotate the order
             e = arms[who]
             if who == "plain":

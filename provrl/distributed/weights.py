@@ -106,37 +106,35 @@ class WeightStore:
         import ray
 
         with self._lock:
-            if version <= self._version:
-                if version == self._version and self._ref is not None:
-                    return self._ref  # already published: once per version
-                from provrl.engine.api import EngineError
-
-                raise EngineError(
-                    f"load_weights: version {version} must be newer than version {self._version}"
-                )
+            current = self._current(version)
+        if current is not None:
+            return current  # already published: once per version
         packed = pack_state_dict(state_dict)
-        ref = ray.put(packed)
-        with self._lock:
-            self._version, self._ref = version, ref
-            self.published += 1
-            self.published_bytes += packed.nbytes
-        return ref
+        return self.adopt(Published(ray.put(packed), packed.nbytes), version)
 
     def adopt(self, published: Published, version: int) -> Any:
         """Make an already published :class:`Published` the newest version (no copy)."""
         with self._lock:
-            if version <= self._version:
-                if version == self._version and self._ref is published.ref:
-                    return self._ref
-                from provrl.engine.api import EngineError
-
-                raise EngineError(
-                    f"load_weights: version {version} must be newer than version {self._version}"
-                )
+            current = self._current(version, published.ref)
+            if current is not None:
+                return current
             self._version, self._ref = version, published.ref
             self.published += 1
             self.published_bytes += published.nbytes
         return published.ref
+
+    def _current(self, version: int, ref: Any = None) -> Any:
+        """None when ``version`` is newer than the store's; the stored reference when it is
+        the store's version already (and, given ``ref``, that same object); else raise."""
+        if version > self._version:
+            return None
+        if version == self._version and self._ref is not None and (ref is None or ref is self._ref):
+            return self._ref
+        from provrl.engine.api import EngineError
+
+        raise EngineError(
+            f"load_weights: version {version} must be newer than version {self._version}"
+        )
 
     def latest(self) -> tuple[int, Any]:
         with self._lock:
