@@ -65,8 +65,11 @@ class TrainerActor:
     def step(self, trajectories: Sequence[Trajectory]) -> tuple[dict[str, Any], PackedWeights]:
         """One update; (version, metrics, recorded metric calls, bytes) and the packed new
         weights — two results, so the weights become their own object-store entry."""
+        from provrl.pipeline.rundir import release_memory
+
         u = self.learner.step(trajectories)
         packed = pack_state_dict(u.weights)
+        release_memory()  # the RL step's heap churn happens in this process now
         meta = {
             "version": u.version,
             "metrics": u.metrics,
