@@ -1,4 +1,4 @@
-"""``provrl bench engine | search | log | logprobs``: each prints one JSON object.
+"""``provrl bench engine | search | log | logprobs | trainer``: each prints one JSON object.
 
 Every command takes ``--config FILE`` / ``--set bench.NAME.key=value``; its flags are
 generated from :mod:`provrl.bench.config` (:mod:`provrl.config_cli`). The scripts in
@@ -18,6 +18,7 @@ from provrl.bench.config import (
     LogBenchConfig,
     LogprobBenchConfig,
     SearchBenchConfig,
+    TrainerBenchConfig,
 )
 from provrl.config_cli import config_options
 
@@ -109,4 +110,39 @@ def bench_logprobs(cfg: RunConfig, as_json: JsonOpt = False) -> None:
     result = run_logprob_benchmark(
         c.model, c.batch, c.seq_len, c.action_frac, c.chunk_tokens, c.repeats
     )
+    _emit(result, as_json)
+
+
+@app.command("trainer")
+@config_options(
+    {k: v for k, v in _flags("trainer", TrainerBenchConfig).items() if k != "rl"}
+)  # rl: --set bench.trainer.rl='{...}'
+def bench_trainer(
+    cfg: RunConfig,
+    out: Annotated[Path | None, typer.Option(help="Also write the JSON to this file.")] = None,
+    as_json: JsonOpt = False,
+) -> None:
+    """One RL step standalone vs a TRL-style step: tokens/s, peak RSS and its breakdown,
+    FLOP/s against the bf16 matmul rate, lag-0 trainer-engine mismatch."""
+    from provrl.bench.trainer import run_trainer_benchmark
+
+    def say(msg: str) -> None:
+        if not as_json:
+            typer.echo(f"[bench trainer] {msg}", err=True)
+
+    c = cfg.bench.trainer
+    result = run_trainer_benchmark(
+        c.model,
+        c.fixture,
+        c.repeats,
+        c.threads,
+        rl_overrides=c.rl,
+        reference_micro_batch=c.reference_micro_batch,
+        lag0=c.lag0,
+        baseline=c.baseline,
+        progress=say,
+    )
+    if out is not None:
+        out.parent.mkdir(parents=True, exist_ok=True)
+        out.write_text(json.dumps(result, indent=2) + "\n")
     _emit(result, as_json)

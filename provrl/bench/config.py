@@ -7,7 +7,7 @@ the same run, and their ratio.
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Any, Literal
 
 from pydantic import Field
 
@@ -106,6 +106,40 @@ class LogprobBenchConfig(Section):
     repeats: int = Field(3, ge=1, description="Timed repeats per method.")
 
 
+class TrainerBenchConfig(Section):
+    """``provrl bench trainer``: one RL step standalone vs a TRL-style reference step."""
+
+    model: str = Field(
+        "smollm2-135m",
+        description="Model name or HF dir (tiny only checks that the benchmark runs).",
+    )
+    fixture: str = Field(
+        "",
+        description="Trajectory log of the batch ('' = the shipped 4 × 8 SmolLM2 probe batch, "
+        "provrl/bench/data/trainer_batch.jsonl).",
+    )
+    repeats: int = Field(
+        3, ge=1, description="Interleaved repeats per side, each in a fresh process (3-5)."
+    )
+    threads: int = Field(2, ge=0, description="torch intra-op threads of every side (0 = all).")
+    reference_micro_batch: int = Field(
+        4, ge=1, description="Trajectories per padded micro-batch of the reference step."
+    )
+    rl: dict[str, Any] = Field(
+        default_factory=dict,
+        description="Overrides of the default preset's rl section for the provrl side "
+        '(e.g. {"micro_batch_size": 8}).',
+    )
+    lag0: bool = Field(
+        True, description="Also measure the trainer-engine mismatch at lag 0 (fp32 / bf16)."
+    )
+    baseline: str = Field(
+        "",
+        description="A results JSON of an earlier run of this benchmark to compare tokens/s "
+        "and peak RSS with ('' = none).",
+    )
+
+
 class BenchConfig(Section):
     """Every benchmark's settings (what ``provrl bench …`` runs)."""
 
@@ -118,4 +152,7 @@ class BenchConfig(Section):
     log: LogBenchConfig = Field(default_factory=LogBenchConfig, description="provrl bench log.")
     logprobs: LogprobBenchConfig = Field(
         default_factory=LogprobBenchConfig, description="provrl bench logprobs."
+    )
+    trainer: TrainerBenchConfig = Field(
+        default_factory=TrainerBenchConfig, description="provrl bench trainer."
     )
