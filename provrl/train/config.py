@@ -10,6 +10,7 @@ from provrl.config import Section, peer_names
 from provrl.objectives.config import VERL_ACTOR, AdvantageConfig, ObjectiveConfig, TRPOConfig
 
 Schedule = Literal["cosine", "linear", "constant"]
+Packing = Literal["trie", "rows", "none"]
 TRUNCATED_FINISHES = ("token_budget", "max_turns")
 """Episode endings that cut a completion short (the token budget or the turn limit ran out
 before an answer): what ``mask_truncated`` drops from the loss."""
@@ -98,6 +99,28 @@ class RLConfig(Section):
         "minibatch. Bounds activation memory.",
         **peer_names("micro_batch_size", verl=VERL_ACTOR + "ppo_micro_batch_size_per_gpu"),
     )
+    packing: Packing = Field(
+        "trie",
+        description="How a micro-batch is laid out (provrl.train.packing; the same logprobs "
+        "and gradients every way). trie: one row without padding, every prefix several "
+        "trajectories share (the system prompt, a group's question, identical samples) "
+        "computed once; rows: one row without padding, nothing shared; none: right-padded "
+        "micro-batches of micro_batch_size rows.",
+    )
+    micro_batch_tokens: int = Field(
+        4096,
+        ge=64,
+        description="packing trie / rows: most packed tokens per forward/backward (a group's prefix "
+        "counted once); bounds activation memory. A longer group is split.",
+    )
+    proximal: Literal["reuse", "pass"] = Field(
+        "reuse",
+        description="Where π_prox comes from. reuse: the training forward's own detached "
+        "π_θ wherever it runs at the pre-update weights (the first minibatch of the first "
+        "epoch — with minibatches = epochs = 1 there is no other forward); a no-grad pass "
+        "only for the other rows. pass: one no-grad pass over the whole batch first. Both "
+        "are exact; TRPO always runs the pass (it needs the full log-softmax).",
+    )
     mask_truncated: bool = Field(
         False,
         description="Drop trajectories cut short (TRUNCATED_FINISHES: token budget or turn "
@@ -180,8 +203,15 @@ class SFTConfig(Section):
     micro_batch_tokens: int = Field(
         2048,
         ge=1,
-        description="Padded tokens (rows × longest row) per forward/backward; gradients "
-        "accumulate exactly over a step. A longer trajectory runs alone.",
+        description="Tokens per forward/backward — the rows' summed length when packing, "
+        "else padded (rows × longest row); gradients accumulate exactly over a step. A "
+        "longer trajectory runs alone.",
+    )
+    packing: Packing = Field(
+        "trie",
+        description="How a micro-batch is laid out: trie (one row, no padding, the prefix "
+        "the traces share — the system prompt — computed once), rows (one row, no padding) "
+        "or none (padded rows); provrl.train.packing, the same logprobs and gradients.",
     )
     lr: float = Field(
         5e-5,

@@ -13,6 +13,7 @@ import numpy as np
 import torch
 
 from provrl.provenance import ProvenanceError, Trajectory
+from provrl.train.packing import PackedLayout, packed_hidden
 
 
 def check_teacher_forced(traj: Trajectory, vocab_size: int | None = None) -> None:
@@ -148,6 +149,7 @@ def token_logprobs_chunked(
     top_k: torch.Tensor | int | None = None,
     with_log_softmax: bool = False,
     entropy_grad: bool = False,
+    layout: PackedLayout | None = None,
 ) -> TokenStats:
     """Same values as :func:`token_logprobs`, without ever materialising ``[B, T, V]``.
 
@@ -158,6 +160,11 @@ def token_logprobs_chunked(
 
     .. math:: \\log\\pi_\\theta(x_t|x_{<t}) = z_{t-1}[x_t] - \\log\\textstyle\\sum_v e^{z_{t-1}[v]},
               \\quad z_{t-1} = W_{head}\\, h_{t-1} / \\tau
+
+    With ``layout`` (:func:`provrl.train.packing.pack` of these rows) the decoder runs on
+    the packed row instead — no padding, each group's shared prefix once — and h_{t−1} is
+    read from it (:func:`provrl.train.packing.packed_hidden`); rows the layout does not
+    hold get 0. The values are the same.
 
     With grad enabled each chunk is activation-checkpointed, so backward recomputes its
     logits instead of storing them: peak memory is O(chunk_tokens · V), not O(B·T·V).
@@ -170,11 +177,7 @@ def token_logprobs_chunked(
     Supports causal LMs whose logits are ``lm_head(decoder(x))`` (optionally soft-capped):
     Llama, Qwen, Mistral, Gemma, SmolLM, …
     """
-    from torch.utils.checkpoint import checkpoint
-
-    from provrl.objectives.diagnostics import support_excluded_mass
-
-    B, T = input_ids.shape
+    B = input_ids.shape[0]
     if attention_mask is None:
         attention_mask = torch.ones_like(input_ids, dtype=torch.bool)
     attention_mask = attention_mask.bool()
@@ -189,7 +192,51 @@ def token_logprobs_chunked(
     if temp.shape != (B,) or bool((temp <= 0).any()):
         raise ValueError(f"temperature must be > 0, scalar or one per row ({B}), got {temp}")
 
-    h, rows, cols = hidden_before(model, input_ids, attention_mask, positions)
+    if layout is None:
+        h, rows, cols = hidden_before(model, input_ids, attention_mask, positions)
+    else:
+        positions = positions & (layout.index >= 0).roll(1, dims=1)
+        rows, cols = positions.nonzero(as_tuple=True)
+        h = packed_hidden(model, layout)[layout.index[rows, cols - 1]]
+    return head_stats(
+        model,
+        h,
+        rows,
+        cols,
+        input_ids,
+        temp,
+        chunk_tokens=chunk_tokens,
+        with_entropy=with_entropy,
+        top_p=top_p,
+        top_k=top_k,
+        with_log_softmax=with_log_softmax,
+        entropy_grad=entropy_grad,
+    )
+
+
+def head_stats(
+    model: Any,
+    h: torch.Tensor,
+    rows: torch.Tensor,
+    cols: torch.Tensor,
+    input_ids: torch.Tensor,
+    temp: torch.Tensor,
+    *,
+    chunk_tokens: int = 1024,
+    with_entropy: bool = False,
+    top_p: torch.Tensor | float | None = None,
+    top_k: torch.Tensor | int | None = None,
+    with_log_softmax: bool = False,
+    entropy_grad: bool = False,
+) -> TokenStats:
+    """The LM-head half of :func:`token_logprobs_chunked`: ``h [N, H]`` are the hidden
+    states that predict tokens ``input_ids[rows, cols]``; ``temp [B]`` the rows'
+    temperatures. Returns the ``[B, T]`` statistics (0 off the N positions)."""
+    from torch.utils.checkpoint import checkpoint
+
+    from provrl.objectives.diagnostics import support_excluded_mass
+
+    B, T = input_ids.shape
     y = input_ids[rows, cols]
     t_rows = temp[rows]
     want_support = top_p is not None or top_k is not None

@@ -9,13 +9,18 @@ One :meth:`RLTrainer.step` reads top to bottom:
 2. **proximal pass** (no grad) — teacher-forced log π_prox(a_t|h_t) with the weights as they
    are now (logprob[t] belongs to token t and uses the logits at t−1), at each trajectory's
    sampling temperature; also π_θ's entropy, its mass outside the behaviour support,
-   log π_ref for the KL penalty, and (TRPO) the full log-softmax at action positions.
-3. **diagnostics** — KL(q‖π_θ), TV, ratio quantiles, ESS of w(τ), truncation, version lag
+   log π_ref for the KL penalty, and (TRPO) the full log-softmax at action positions. With
+   ``proximal = reuse`` (the default) only the rows the first optimizer step does not see
+   get this pass: the first minibatch's training forward runs at these same weights, so its
+   own detached π_θ *is* π_prox (with one minibatch and one epoch there is no pass at all).
+3. **diagnostics** (after the update, from π_prox) — KL(q‖π_θ), TV, ratio quantiles, ESS of w(τ), truncation, version lag
    (:mod:`provrl.objectives.diagnostics`), all against the *recorded* behaviour logprobs.
 4. **update** — AdamW: ``epochs`` × ``minibatches`` optimizer steps, each accumulating the
    exact minibatch loss over micro-batches (token weights ω are computed per minibatch), with
    gradient clipping and non-finite-gradient skipping. TRPO: one
-   :func:`provrl.objectives.trpo.trpo_step` on the token surrogate.
+   :func:`provrl.objectives.trpo.trpo_step` on the token surrogate. Every forward is
+   *packed* (``packing``, :mod:`provrl.train.packing`): a micro-batch is one row without
+   padding, each GRPO group's shared prompt computed once, cut after the last action.
 5. **publish** — ``version += 1``; metrics go to the :class:`~provrl.report.MetricsWriter`;
    the caller gets :class:`StepResult` ``(version, state_dict, metrics)`` to hot-load into
    engines with ``engine.load_weights(result.state_dict, result.version, mode)``.
@@ -49,11 +54,20 @@ from provrl.provenance import UNKNOWN_VERSION, ProvenanceError, Trajectory, Traj
 from provrl.report.metrics import MetricsWriter
 from provrl.train.config import TRUNCATED_FINISHES, RLConfig
 from provrl.train.logprobs import (
+    TokenStats,
     check_teacher_forced,
     check_tokenizer,
     head_logits,
     hidden_before,
     token_logprobs_chunked,
+)
+from provrl.train.memory import SavedTensorMeter, step_memory
+from provrl.train.packing import (
+    cut_rows,
+    pack,
+    packed_hidden,
+    plan_micro_batches,
+    use_packed_attention,
 )
 from provrl.train.schedule import lr_at
 
@@ -74,6 +88,7 @@ class RLBatch:
     kv_unknown_frac: float = 0.0  # action tokens whose engine could not know kv_min
     traj_ids: list[str] = field(default_factory=list)
     loss_rows: torch.Tensor | None = None  # [B] bool: rows the loss trains on (None: all)
+    cut: list[np.ndarray] | None = None  # per row: its ids up to its last action (packing)
 
     def to(self, device: torch.device) -> RLBatch:
         """The same batch with every tensor on ``device`` (the model's)."""
@@ -271,92 +286,144 @@ class RLTrainer:
         self.ref_model = ref_model
         if cfg.objective.kl_coef > 0 and ref_model is None:
             self.ref_model = copy.deepcopy(model).eval().requires_grad_(False)
+        if cfg.packing != "none":  # SDPA for every other forward of these models
+            use_packed_attention(model)
+            if self.ref_model is not None:
+                use_packed_attention(self.ref_model)
+        self.meter = SavedTensorMeter(self.params)
+        """Activations held for backward (the step's ``mem_activations_mib``)."""
 
     # ------------------------------------------------------------------ the step
     def step(self, trajectories: Sequence[Trajectory]) -> StepResult:
         """One RL update from ``trajectories`` (see the module docstring)."""
         t0 = time.perf_counter()
+        cfg = self.cfg
         self.model.eval()
         batch, metrics = prepare_batch(
             trajectories,
             pad_token_id=self.pad_token_id,
             vocab_size=self.vocab_size,
-            cfg=self.cfg.advantages,
-            mask_truncated=self.cfg.mask_truncated,
+            cfg=cfg.advantages,
+            mask_truncated=cfg.mask_truncated,
             tokenizer=self.tokenizer,
         )
         batch = batch.to(self.device)
-        prox = self.proximal_pass(batch)
+        if cfg.packing != "none":
+            batch.cut = cut_rows(batch.tb.input_ids, batch.tb.lengths, batch.tb.action_mask)
+        self.meter.reset()
+        self._packed_tokens = 0
+        everything = torch.arange(batch.size)
+        with self.meter.hooks():
+            if cfg.optimizer == "trpo":
+                prox = self.proximal_pass(batch, everything)
+                metrics |= self.trpo_update(batch, prox)
+            else:
+                orders = [
+                    torch.randperm(batch.size, generator=self.generator) for _ in range(cfg.epochs)
+                ]
+                first = orders[0].tensor_split(min(cfg.minibatches, batch.size))[0]
+                reused = first if cfg.proximal == "reuse" else everything[:0]
+                rest = everything[~torch.isin(everything, reused)]
+                prox = self.proximal_pass(batch, rest)
+                metrics |= self.adamw_update(batch, prox, orders, reused)
         metrics |= self.diagnostics(batch, prox)
-        if self.cfg.optimizer == "trpo":
-            metrics |= self.trpo_update(batch, prox)
-        else:
-            metrics |= self.adamw_update(batch, prox)
         self.version += 1
         n_act = int(batch.mask.sum())
+        n_tok = float(batch.tb.lengths.sum())
         wall = time.perf_counter() - t0
+        state = {k: v.detach().to("cpu", copy=True) for k, v in self.model.state_dict().items()}
+        logits_bytes = min(cfg.logprob_chunk_tokens, n_act) * self.vocab_size * 12
         metrics |= {
             "version": float(self.version),
             "num_trajectories": float(batch.size),
             "num_action_tokens": float(n_act),
-            "num_tokens": float(batch.tb.lengths.sum()),
+            "num_tokens": n_tok,
+            "num_forward_tokens": float(self._packed_tokens),
             "step_s": wall,
+            "tokens_per_s": n_tok / wall,
             "action_tokens_per_s": n_act / wall,
+            **step_memory(self.params, self.optimizer, self.meter, state, logits_bytes),
         }
         if self.metrics is not None:
             self.metrics.log(self.version, metrics, prefix="rl")
             lags = self.version - 1 - batch.tb.versions[batch.mask]
             self.metrics.log_histogram(self.version, "rl/version_lag", lags.cpu().numpy())
-        state = {k: v.detach().to("cpu", copy=True) for k, v in self.model.state_dict().items()}
         return StepResult(self.version, state, metrics)
+
+    # ------------------------------------------------------------------ forwards
+    def _stats(
+        self, model: Any, batch: RLBatch, rows: torch.Tensor, **kwargs: Any
+    ) -> tuple[TokenStats, int]:
+        """Teacher-forced statistics of the micro-batch ``rows`` (``[len(rows), L]``, trimmed
+        to their longest row), packed when ``packing`` is on; ``kwargs`` go to
+        :func:`~provrl.train.logprobs.token_logprobs_chunked`."""
+        ids, attn, act, L = self._slice(batch, rows)
+        layout = None
+        if self.cfg.packing != "none":
+            lengths = batch.tb.lengths[rows]
+            share = self.cfg.packing == "trie"
+            layout = pack(ids, lengths, act, range(len(rows)), share_prefix=share)
+            self._packed_tokens += layout.tokens
+        else:
+            self._packed_tokens += int(rows.numel()) * L
+        with self._autocast():
+            out = token_logprobs_chunked(
+                model,
+                ids,
+                attn,
+                positions=act,
+                temperature=batch.temperature[rows],
+                chunk_tokens=self.cfg.logprob_chunk_tokens,
+                layout=layout,
+                **kwargs,
+            )
+        return out, L
+
+    _packed_tokens = 0
+    """Tokens the forwards of the current step computed (packed or padded)."""
 
     # ------------------------------------------------------------------ 2. proximal pass
     @torch.no_grad()
-    def proximal_pass(self, batch: RLBatch) -> Proximal:
-        """Teacher-forced statistics of the current weights, in micro-batches."""
+    def proximal_pass(self, batch: RLBatch, rows: torch.Tensor | None = None) -> Proximal:
+        """Teacher-forced statistics of the current weights for ``rows`` (default all), in
+        micro-batches; log π_ref (KL penalty) for every row. Rows not computed stay 0 until
+        the training forward fills them (``proximal = reuse``)."""
         cfg, tb = self.cfg, batch.tb
         B, T = tb.input_ids.shape
+        rows = torch.arange(B) if rows is None else rows
         zeros = tb.behaviour_logprobs.new_zeros
         logprobs = zeros(B, T)
         entropy = zeros(B, T) if cfg.entropy else None
-        truncated = bool(((batch.top_p < 1) | (batch.top_k > 0)).any())
-        excluded = zeros(B, T) if cfg.support_diagnostic and truncated else None
+        excluded = zeros(B, T) if cfg.support_diagnostic and self._truncated(batch) else None
         ref = zeros(B, T) if self.ref_model is not None else None
         full: list[torch.Tensor] = []
-        for rows in self._micro(torch.arange(B), batch, sort=False):
-            ids, attn, act, L = self._slice(batch, rows)
-            with self._autocast():
-                out = token_logprobs_chunked(
-                    self.model,
-                    ids,
-                    attn,
-                    positions=act,
-                    temperature=batch.temperature[rows],
-                    chunk_tokens=cfg.logprob_chunk_tokens,
-                    with_entropy=entropy is not None,
-                    top_p=batch.top_p[rows] if excluded is not None else None,
-                    top_k=batch.top_k[rows] if excluded is not None else None,
-                    with_log_softmax=cfg.optimizer == "trpo",
-                )
-            logprobs[rows, :L] = out.logprobs
+        for micro in self._micro(rows, batch, sort=False) if len(rows) else []:
+            out, L = self._stats(
+                self.model,
+                batch,
+                micro,
+                with_entropy=entropy is not None,
+                top_p=batch.top_p[micro] if excluded is not None else None,
+                top_k=batch.top_k[micro] if excluded is not None else None,
+                with_log_softmax=cfg.optimizer == "trpo",
+            )
+            logprobs[micro, :L] = out.logprobs
             if entropy is not None and out.entropy is not None:
-                entropy[rows, :L] = out.entropy
+                entropy[micro, :L] = out.entropy
             if excluded is not None and out.excluded_mass is not None:
-                excluded[rows, :L] = out.excluded_mass
-            if ref is not None:
-                with self._autocast():
-                    ref_out = token_logprobs_chunked(
-                        self.ref_model,
-                        ids,
-                        attn,
-                        positions=act,
-                        temperature=batch.temperature[rows],
-                        chunk_tokens=cfg.logprob_chunk_tokens,
-                    )
-                ref[rows, :L] = ref_out.logprobs
+                excluded[micro, :L] = out.excluded_mass
             if out.log_softmax is not None:
                 full.append(out.log_softmax)
+        if ref is not None and self.ref_model is not None:
+            for micro in self._micro(torch.arange(B), batch, sort=False):
+                ref_out, L = self._stats(self.ref_model, batch, micro)
+                ref[micro, :L] = ref_out.logprobs
         return Proximal(logprobs, entropy, excluded, ref, torch.cat(full) if full else None)
+
+    @staticmethod
+    def _truncated(batch: RLBatch) -> bool:
+        """Was any row sampled under top-p / top-k truncation?"""
+        return bool(((batch.top_p < 1) | (batch.top_k > 0)).any())
 
     # ------------------------------------------------------------------ 3. diagnostics
     def diagnostics(self, batch: RLBatch, prox: Proximal) -> dict[str, float]:
@@ -382,15 +449,24 @@ class RLTrainer:
         return out
 
     # ------------------------------------------------------------------ 4a. AdamW update
-    def adamw_update(self, batch: RLBatch, prox: Proximal) -> dict[str, float]:
-        """``epochs`` × ``minibatches`` optimizer steps on the clipped, corrected loss."""
+    def adamw_update(
+        self,
+        batch: RLBatch,
+        prox: Proximal,
+        orders: Sequence[torch.Tensor],
+        reused: torch.Tensor,
+    ) -> dict[str, float]:
+        """``epochs`` × ``minibatches`` optimizer steps on the clipped, corrected loss; epoch
+        e visits the rows in ``orders[e]``. ``reused``: the rows whose π_prox the first
+        minibatch's training forward provides (it runs before the first step)."""
         cfg = self.cfg
         assert self.optimizer is not None
+        pending = torch.zeros(batch.size, dtype=torch.bool)
+        pending[reused] = True
         totals: dict[str, float] = {}
         grad_norms: list[float] = []
         skipped = 0
-        for _ in range(cfg.epochs):
-            order = torch.randperm(batch.size, generator=self.generator)
+        for order in orders:
             for mb in order.tensor_split(min(cfg.minibatches, batch.size)):
                 weights = torch.zeros_like(batch.tb.behaviour_logprobs)
                 weights[mb] = loss_token_weights(
@@ -400,9 +476,11 @@ class RLTrainer:
                 )
                 self.optimizer.zero_grad(set_to_none=True)
                 for rows in self._micro(mb, batch):
-                    out = self._micro_loss(batch, prox, rows, weights, cfg.objective)
+                    out = self._micro_loss(batch, prox, rows, weights, cfg.objective, pending)
                     out.loss.backward()
                     _accumulate(totals, out)
+                if bool(pending.any()):
+                    raise AssertionError("rows left without π_prox before the first step")
                 norm = self._clip_gradients()
                 grad_norms.append(norm)
                 if not math.isfinite(norm):
@@ -421,6 +499,7 @@ class RLTrainer:
             "skipped_steps": float(skipped),
             "optimizer_steps": float(n_steps - skipped),
             "lr": self.optimizer.param_groups[0]["lr"],
+            "proximal_reused_frac": len(reused) / batch.size,
         }
 
     def _micro_loss(
@@ -430,19 +509,32 @@ class RLTrainer:
         rows: torch.Tensor,
         weights: torch.Tensor,
         objective: ObjectiveConfig,
+        pending: torch.Tensor | None = None,
     ) -> LossOutput:
-        """Loss of one micro-batch (with grad); ``weights`` are the minibatch's ω."""
-        ids, attn, act, L = self._slice(batch, rows)
-        with self._autocast():
-            stats = token_logprobs_chunked(
-                self.model,
-                ids,
-                attn,
-                positions=act,
-                temperature=batch.temperature[rows],
-                chunk_tokens=self.cfg.logprob_chunk_tokens,
-                entropy_grad=objective.entropy_coef > 0,
-            )
+        """Loss of one micro-batch (with grad); ``weights`` are the minibatch's ω. Rows
+        still ``pending`` take their π_prox (and its entropy and support mass) from this
+        forward, detached: it runs at the weights before the update."""
+        fill = pending is not None and bool(pending[rows].any())
+        if fill:
+            assert pending is not None and bool(pending[rows].all())
+        support = fill and prox.excluded_mass is not None
+        stats, L = self._stats(
+            self.model,
+            batch,
+            rows,
+            entropy_grad=objective.entropy_coef > 0,
+            with_entropy=fill and prox.entropy is not None,
+            top_p=batch.top_p[rows] if support else None,
+            top_k=batch.top_k[rows] if support else None,
+        )
+        if fill:
+            assert pending is not None
+            prox.logprobs[rows, :L] = stats.logprobs.detach()
+            if prox.entropy is not None and stats.entropy is not None:
+                prox.entropy[rows, :L] = stats.entropy.detach()
+            if prox.excluded_mass is not None and stats.excluded_mass is not None:
+                prox.excluded_mass[rows, :L] = stats.excluded_mass
+            pending[rows] = False
         return policy_loss(
             stats.logprobs,
             _cut(prox.logprobs, rows, L),
@@ -516,7 +608,14 @@ class RLTrainer:
         ``positions.nonzero()`` order), at each row's temperature. Memory N · V floats."""
         ids, attn, act, _ = self._slice(batch, rows)
         with self._autocast():
-            h, r, _ = hidden_before(self.model, ids, attn, act)
+            if self.cfg.packing != "none":
+                lengths = batch.tb.lengths[rows]
+                share = self.cfg.packing == "trie"
+                layout = pack(ids, lengths, act, range(len(rows)), share_prefix=share)
+                r, c = act.nonzero(as_tuple=True)
+                h = packed_hidden(self.model, layout)[layout.index[r, c - 1]]
+            else:
+                h, r, _ = hidden_before(self.model, ids, attn, act)
             logits = head_logits(self.model, h)
         temp = batch.temperature[rows][r]
         return torch.log_softmax(logits.float() / temp[:, None], dim=-1)
@@ -547,13 +646,22 @@ class RLTrainer:
     def _micro(
         self, rows: torch.Tensor, batch: RLBatch, sort: bool = True
     ) -> Iterator[torch.Tensor]:
-        size = self.cfg.micro_batch_size
-        groups = (
-            micro_batches(rows, batch.tb.lengths, size)
-            if sort
-            else list(rows.sort().values.split(size))
-        )
-        if self.cfg.progress:
+        """Micro-batches of ``rows``: packed, at most ``micro_batch_tokens`` tokens of the
+        layout each, rows that share prefixes together (rows without actions left out: they
+        have no loss term; :func:`~provrl.train.packing.plan_micro_batches`); else
+        ``micro_batch_size`` rows, of similar length when ``sort``."""
+        cfg = self.cfg
+        if cfg.packing != "none" and batch.cut is not None:
+            share = cfg.packing == "trie"
+            plan = plan_micro_batches(
+                rows.tolist(), batch.cut, cfg.micro_batch_tokens, share_prefix=share
+            )
+            groups = [torch.tensor(g, dtype=torch.long) for g in plan]
+        elif sort:
+            groups = micro_batches(rows, batch.tb.lengths, cfg.micro_batch_size)
+        else:
+            groups = list(rows.sort().values.split(cfg.micro_batch_size))
+        if cfg.progress:
             from tqdm import tqdm
 
             yield from tqdm(groups, desc="rl micro-batches", leave=False)

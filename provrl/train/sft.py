@@ -54,6 +54,7 @@ from provrl.provenance import ProvenanceError, Trajectory, TrajectoryBatch
 from provrl.report.metrics import MetricsWriter
 from provrl.train.config import SFTConfig
 from provrl.train.logprobs import check_teacher_forced, check_tokenizer, token_logprobs_chunked
+from provrl.train.packing import pack, use_packed_attention
 from provrl.train.schedule import lr_at as schedule_lr
 
 
@@ -180,18 +181,24 @@ def select_traces(trajs: Sequence[Trajectory], cfg: SFTConfig) -> list[Trajector
 
 
 # ============================================================================ 2. plan
-def pack_micro_batches(lengths: Sequence[int], rows: Sequence[int], budget: int) -> list[list[int]]:
-    """Pack ``rows`` into micro-batches whose padded size (rows × longest row) is at most
-    ``budget`` tokens: longest first, greedily; a row longer than the budget runs alone."""
+def pack_micro_batches(
+    lengths: Sequence[int], rows: Sequence[int], budget: int, *, padded: bool = True
+) -> list[list[int]]:
+    """Pack ``rows`` into micro-batches of at most ``budget`` tokens — padded size (rows ×
+    longest row), or with ``padded=False`` the rows' summed length (a packed forward):
+    longest first, greedily; a row longer than the budget runs alone."""
     order = sorted(rows, key=lambda r: (-lengths[r], r))
     groups: list[list[int]] = []
     current: list[int] = []
+    total = 0
     for r in order:
         longest = lengths[current[0]] if current else lengths[r]
-        if current and (len(current) + 1) * longest > budget:
+        cost = (len(current) + 1) * longest if padded else total + lengths[r]
+        if current and cost > budget:
             groups.append(current)
-            current = []
+            current, total = [], 0
         current.append(r)
+        total += lengths[r]
     if current:
         groups.append(current)
     return groups
@@ -205,7 +212,8 @@ def plan_steps(lengths: Sequence[int], cfg: SFTConfig) -> list[tuple[int, list[l
         perm = np.random.default_rng([cfg.seed, epoch]).permutation(len(lengths))
         for s in range(0, len(perm), cfg.batch_size):
             rows = [int(r) for r in perm[s : s + cfg.batch_size]]
-            steps.append((epoch, pack_micro_batches(lengths, rows, cfg.micro_batch_tokens)))
+            micro = pack_micro_batches(lengths, rows, cfg.micro_batch_tokens, padded=cfg.packing == "none")  # fmt: skip
+            steps.append((epoch, micro))
     return steps
 
 
@@ -227,13 +235,20 @@ def sft_loss(logprobs: torch.Tensor, action_mask: torch.Tensor, num_tokens: int)
 def micro_logprobs(
     model: Any, batch: TrajectoryBatch, cfg: SFTConfig, device: torch.device
 ) -> torch.Tensor:
-    """Teacher-forced log π_θ at the action positions of a padded micro-batch (0 elsewhere)."""
+    """Teacher-forced log π_θ at the action positions of a micro-batch (0 elsewhere):
+    packed (:mod:`provrl.train.packing`, the shared system prompt once) when
+    ``cfg.packing``, else the padded rows."""
     ids = batch.input_ids.to(device)
     attn = batch.attention_mask.to(device)
     act = batch.action_mask.to(device)
+    layout = None
+    if cfg.packing != "none" and bool(act.any()):
+        use_packed_attention(model)
+        share = cfg.packing == "trie"
+        layout = pack(ids, batch.lengths, act, range(ids.shape[0]), share_prefix=share)
     with torch.autocast(device.type, torch.bfloat16, enabled=cfg.autocast == "bfloat16"):
         return token_logprobs_chunked(
-            model, ids, attn, positions=act, chunk_tokens=cfg.logprob_chunk_tokens
+            model, ids, attn, positions=act, chunk_tokens=cfg.logprob_chunk_tokens, layout=layout
         ).logprobs
 
 
