@@ -64,7 +64,8 @@ def models_list() -> None:
     from rich.console import Console
     from rich.table import Table
 
-    from provrl.models.loading import MODELS, cache_dir
+    from provrl._sys import cache_dir
+    from provrl.models.loading import MODELS
 
     table = Table("name", "description", "cached")
     for info in MODELS.values():

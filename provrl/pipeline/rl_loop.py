@@ -45,11 +45,12 @@ from typing import Any
 
 import numpy as np
 
+from provrl._sys import release_memory, rss_mb, write_json
 from provrl.env.tasks import Task
 from provrl.failpoints import failpoint
 from provrl.pipeline.admission import group_lag, may_start, split_stale
 from provrl.pipeline.collector import Collector, Group, build_env
-from provrl.pipeline.rundir import COMPLETE, RunDir, release_memory, write_json
+from provrl.pipeline.rundir import COMPLETE, RunDir
 from provrl.provenance import Trajectory
 from provrl.run_config import RunConfig
 
@@ -213,7 +214,7 @@ def run_rl(
             **stats,
             **step_metrics,
             "wall_s": time.perf_counter() - t_start,
-            "rss_mb": _rss_mb(),
+            "rss_mb": rss_mb(),
         }
         with open(steps_log, "a") as f:
             f.write(json.dumps(line, default=float) + "\n")
@@ -360,13 +361,6 @@ def run_rl(
     if fleet is not None:
         summary["ray"] = fleet
     return summary
-
-
-def _rss_mb() -> float:
-    """Resident memory of this process in MiB (a leak across RL steps shows here)."""
-    import psutil
-
-    return float(psutil.Process().memory_info().rss) / 2**20
 
 
 def _set_threads(n: int) -> None:

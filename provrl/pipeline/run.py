@@ -26,9 +26,10 @@ from typing import Any
 
 import numpy as np
 
+from provrl._sys import release_memory
 from provrl.config import ConfigError, dump_config
 from provrl.env.tasks import Task
-from provrl.pipeline.rundir import RunDir, release_memory
+from provrl.pipeline.rundir import RunDir
 from provrl.run_config import RunConfig
 
 
