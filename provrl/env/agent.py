@@ -48,8 +48,7 @@ from provrl.env.protocol import Call, Malformed, parse, stop_strings
 from provrl.env.rewards import exact_match, reward, token_f1
 from provrl.env.search import SearchBackend, SearchError
 from provrl.env.tasks import Task
-from provrl.models.chat import chat_ids, continuation_ids, stop_token_ids
-from provrl.models.loading import tokenizer_identity
+from provrl.models.chat import chat_ids, continuation_ids, stop_token_ids, tokenizer_identity
 from provrl.provenance import Identity, SamplingParams, ToolCall, Trajectory, TrajectoryBuilder
 
 

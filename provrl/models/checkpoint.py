@@ -14,6 +14,7 @@ from typing import Any
 import torch
 
 from provrl._sys import atomic_tmp_dir
+from provrl.models.chat import tokenizer_identity
 
 METADATA_FILE = "provrl.json"
 
@@ -37,8 +38,6 @@ def save_checkpoint(
     model.save_pretrained(tmp, safe_serialization=True)
     portable_config(tmp / "config.json")
     if tokenizer is not None:
-        from provrl.models.loading import tokenizer_identity
-
         tokenizer.save_pretrained(tmp)
         portable_tokenizer_config(tmp / "tokenizer_config.json")
         metadata.setdefault("tokenizer", tokenizer_identity(tokenizer))
