@@ -40,11 +40,11 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
 
     from provrl.config import load_config
     from provrl.env.build import ensure_world
-    from provrl.env.evaluate import evaluate
     from provrl.pipeline.rl_loop import run_rl
     from provrl.pipeline.run import run_pipeline
     from provrl.pipeline.rundir import RunDir
     from provrl.pipeline.stages import load_pool
+    from provrl.rollout.evaluate import evaluate
     from provrl.run_config import RunConfig
 
     sets = [*args.overrides, f"pipeline.rl.steps={args.steps}", "pipeline.eval.policies=[]"]

@@ -236,7 +236,8 @@ def episode_kill_phase(eng: Any, lm: Any, tasks: int, k: int, concurrency: int) 
 
     from provrl.env.build import ensure_world, load_split
     from provrl.env.config import EnvConfig, WorldConfig
-    from provrl.pipeline.collector import Collector, build_env
+    from provrl.rollout.collector import Collector
+    from provrl.rollout.setup import build_env
     from provrl.trajlog import TrajectoryWriter, read_all
 
     world = ensure_world(WorldConfig(seed=7, entities=300, docs=800, tasks=240))

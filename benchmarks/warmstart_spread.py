@@ -8,7 +8,7 @@ Pipeline, on the default world (``ensure_world(EnvConfig().world)``):
    the same on the dev probe tasks gives held-out traces for the NLL check;
 2. **SFT** — SmolLM2-135M-Instruct on them (:func:`provrl.train.sft.run_sft`), timed;
 3. **probe** — k samples per task (temperature 1, zero-shot) on ``--tasks-per-tier`` dev
-   tasks of each tier with :func:`provrl.env.evaluate.evaluate`, for the SFT checkpoint and
+   tasks of each tier with :func:`provrl.rollout.evaluate.evaluate`, for the SFT checkpoint and
    for the base model on the same tasks (same seeds).
 
 Per tier it reports accuracy, the histogram of K (0..k), the fraction of tasks with
@@ -67,7 +67,7 @@ def probe(
     """k samples per task on ``tasks_per_tier`` dev tasks of each tier (one evaluate call
     per tier, so each tier gets its own n)."""
     from provrl.env.config import EnvConfig
-    from provrl.env.evaluate import evaluate
+    from provrl.rollout.evaluate import evaluate
 
     rows: dict[str, Any] = {}
     wall = 0.0
@@ -167,7 +167,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
 
     from provrl.env.build import ensure_world, load_split
     from provrl.env.config import EnvConfig
-    from provrl.env.evaluate import evaluate, select_tasks
+    from provrl.rollout.evaluate import evaluate, select_tasks
     from provrl.train.config import SFTConfig
     from provrl.train.sft import load_traces, run_sft, select_traces
 

@@ -183,7 +183,7 @@ def eval_cmd(
 ) -> None:
     """Evaluate a policy on a task split: accuracy, pass@k, tool calls, tokens, per tier, K histogram."""
     from provrl.env.build import ensure_world
-    from provrl.env.evaluate import evaluate
+    from provrl.rollout.evaluate import evaluate
 
     env = cfg.env
     if search_url is not None:

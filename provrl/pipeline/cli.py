@@ -100,11 +100,11 @@ def probe(
 
     from provrl.config import load_config
     from provrl.env.build import ensure_world, load_split
-    from provrl.env.evaluate import select_tasks
     from provrl.env.tasks import read_task_file
     from provrl.filtering import K_TABLE_HEADER, format_k_table
     from provrl.pipeline.probe import format_transitions, run_filter, run_probe
     from provrl.pipeline.stages import _engine_cfg
+    from provrl.rollout.evaluate import select_tasks
     from provrl.run_config import RunConfig
 
     cfg = load_config(RunConfig, preset, overrides or [])

@@ -44,6 +44,9 @@ from provrl.filtering import (
     retention,
     transitions,
 )
+from provrl.rollout.collector import Collector
+from provrl.rollout.setup import agent_tools, open_policy_env
+from provrl.trajlog import TrajectoryWriter, read_trajectories
 
 
 def manifest(
@@ -92,11 +95,9 @@ def current_manifest(
     policy: str, world_dir: Path, env_cfg: Any, *, k: int, seed: int, dtype: str
 ) -> dict[str, Any]:
     """The manifest a probe of ``policy`` with today's tools would write (no model load)."""
-    from provrl.env.agent import tools_identity
-    from provrl.env.evaluate import search_backend
     from provrl.models.loading import policy_fingerprint
 
-    tools = tools_identity(search_backend(world_dir, env_cfg), env_cfg.search, env_cfg.agent)
+    tools = agent_tools(world_dir, env_cfg, shots=False).identity
     return manifest(policy, policy_fingerprint(policy), env_cfg, tools, k=k, seed=seed, dtype=dtype)
 
 
@@ -116,11 +117,8 @@ def run_probe(
     make_engine: Any = None,
 ) -> dict[str, Any]:
     """Probe ``tasks`` k times each with ``policy`` (see the module docstring); returns (and
-    writes) ``probe.json``. ``make_engine``: as :func:`~provrl.pipeline.collector.open_policy_env`
+    writes) ``probe.json``. ``make_engine``: as :func:`~provrl.rollout.setup.open_policy_env`
     (the pipeline passes the run config's backend)."""
-    from provrl.pipeline.collector import Collector, open_policy_env
-    from provrl.trajlog import TrajectoryWriter, read_trajectories
-
     if not tasks:
         raise FilterError(f"{out}: no tasks to probe")
     out.mkdir(parents=True, exist_ok=True)
@@ -153,7 +151,11 @@ def run_probe(
         ) as col,
     ):
         man = manifest(policy, lm.fingerprint, env_cfg, env.tools, k=k, seed=seed, dtype=dtype) | {
-            "tasks": {"file": str(task_file), "sha256": "sha256:" + file_sha256(task_file), "n": len(tasks)}
+            "tasks": {
+                "file": str(task_file),
+                "sha256": "sha256:" + file_sha256(task_file),
+                "n": len(tasks),
+            }
         }
         _check_or_write_manifest(out / "manifest.json", man)
         for g in col.run(tasks, k, done=done):

@@ -49,9 +49,10 @@ from provrl._sys import release_memory, rss_mb, write_json
 from provrl.env.tasks import Task
 from provrl.failpoints import failpoint
 from provrl.pipeline.admission import group_lag, may_start, split_stale
-from provrl.pipeline.collector import Collector, Group, build_env
 from provrl.pipeline.rundir import COMPLETE, RunDir
 from provrl.provenance import Trajectory
+from provrl.rollout.collector import Collector, Group
+from provrl.rollout.setup import build_env
 from provrl.run_config import RunConfig
 
 

@@ -36,7 +36,7 @@ from provrl.run_config import RunConfig
 def slices(train: list[Task], test: list[Task], cfg: RunConfig) -> dict[str, list[Task]]:
     """The disjoint task slices of a run: warm start and probe from train, eval from test,
     all restricted to ``pipeline.tasks.tiers``."""
-    from provrl.env.evaluate import select_tasks
+    from provrl.rollout.evaluate import select_tasks
 
     s = cfg.pipeline.tasks
     pool = [t for t in train if t.tier in s.tiers]
@@ -177,23 +177,23 @@ def warm_start(
     cfg: RunConfig, run: RunDir, world_dir: Path, tasks: list[Task], progress: bool
 ) -> dict[str, Any]:
     """Oracle traces of ``tasks`` (teacher data, labelled as such) → SFT of the base model."""
-    from provrl.env.agent import oracle_trajectory, tools_identity
-    from provrl.env.evaluate import search_backend
     from provrl.env.oracle import run_oracle
     from provrl.models import load_tokenizer
+    from provrl.rollout.agent import oracle_trajectory
+    from provrl.rollout.setup import agent_tools
     from provrl.train.sft import run_sft
     from provrl.trajlog import TrajectoryWriter
 
     d = run.stage("warmstart")
     a = cfg.env.agent
-    backend = search_backend(world_dir, cfg.env)
-    tools = tools_identity(backend, cfg.env.search, a)
+    tools = agent_tools(world_dir, cfg.env, shots=False)  # teacher traces have no shots
+    backend = tools.backend
     tok = load_tokenizer(cfg.model.name)
     traces = []
     for t in tasks:
         r = run_oracle(t, backend, cfg.env.search.k, a.protocol)
         if r.solved:
-            tr = oracle_trajectory(t, r, tok, a, tools, traj_id=f"{t.task_id}-oracle")
+            tr = oracle_trajectory(t, r, tok, a, tools.identity, traj_id=f"{t.task_id}-oracle")
             tr.meta["source"] = "teacher"
             traces.append(tr)
     (d / "teacher.jsonl").unlink(missing_ok=True)  # a rerun after a kill rewrites it whole

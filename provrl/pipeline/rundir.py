@@ -81,4 +81,3 @@ class RunDir:
         for p in rl.glob("ckpt-v*") if rl.is_dir() else ():
             if p not in keep_dirs and p.is_dir():
                 shutil.rmtree(p, ignore_errors=True)
-

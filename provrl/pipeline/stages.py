@@ -107,7 +107,7 @@ def evaluate_policy(
 ) -> dict[str, Any]:
     """Evaluate ``policy`` on the eval slice of the test split, k samples per task, with
     binomial standard errors; resumable (samples in the log are not rerun)."""
-    from provrl.env.evaluate import evaluate
+    from provrl.rollout.evaluate import evaluate
 
     e = cfg.pipeline.eval
     env_cfg = _env_for(cfg, concurrency=e.concurrency)

@@ -396,7 +396,7 @@ def test_oracle_traces_to_cli_checkpoint_to_eval(tmp_path):
 
     from provrl.env.build import build_world
     from provrl.env.config import EnvConfig, WorldConfig
-    from provrl.env.evaluate import evaluate
+    from provrl.rollout.evaluate import evaluate
     from provrl.train.sft_cli import sft
 
     cfg = EnvConfig(world=WorldConfig(seed=7, entities=300, docs=800, tasks=120))

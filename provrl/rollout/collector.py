@@ -28,13 +28,12 @@ from collections import deque
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
-from provrl.env.agent import AgentEnv, derive_seed, run_episode
 from provrl.env.tasks import Task
 from provrl.failpoints import failpoint
 from provrl.provenance import Trajectory
+from provrl.rollout.agent import AgentEnv, derive_seed, run_episode
 from provrl.trajlog import TrajectoryWriter
 
 
@@ -297,67 +296,3 @@ def _engine_stats(env: AgentEnv) -> dict[str, float]:
     with contextlib.suppress(Exception):
         return dict(env.engine.stats())
     return {}
-
-
-# ----------------------------------------------------------------------------- environment
-@contextlib.contextmanager
-def open_policy_env(
-    policy: str,
-    world_dir: str | Path,
-    env_cfg: Any,
-    *,
-    engine_cfg: Any = None,
-    dtype: str = "float32",
-    exclude_answers: Iterable[str] = (),
-    version: int = 0,
-    make_engine: Any = None,
-) -> Iterator[tuple[AgentEnv, Any]]:
-    """Load ``policy`` (a model name or checkpoint dir), start an engine on it —
-    ``make_engine(lm, engine_cfg, version=v)``, default an in-process :class:`LocalEngine`
-    — build the search backend, the tools identity and the worked examples; yield
-    ``(env, loaded_model)`` and close the engine on exit."""
-    from provrl.engine import EngineConfig, LocalEngine
-    from provrl.models import load_model
-
-    lm = load_model(policy, dtype=dtype)
-    a = env_cfg.agent
-    ecfg = engine_cfg or EngineConfig(
-        max_seqs=env_cfg.eval.concurrency,
-        max_context=max(a.max_total_tokens + 8, 512),
-        seed=env_cfg.eval.seed,
-        dtype=dtype,
-    )
-    engine = (make_engine or LocalEngine)(lm, ecfg, version=version)
-    try:
-        yield build_env(engine, lm, world_dir, env_cfg, exclude_answers=exclude_answers), lm
-    finally:
-        engine.close()
-
-
-def build_env(
-    engine: Any,
-    lm: Any,
-    world_dir: str | Path,
-    env_cfg: Any,
-    *,
-    exclude_answers: Iterable[str] = (),
-    extra: dict[str, Any] | None = None,
-) -> AgentEnv:
-    """The agent environment for ``lm`` on ``engine``: search backend, tool identity, worked
-    examples (never on a task whose answer is in ``exclude_answers``) and policy identity."""
-    from provrl.env.agent import tools_identity
-    from provrl.env.build import load_split
-    from provrl.env.evaluate import search_backend, worked_examples
-    from provrl.models.loading import policy_identity
-
-    a = env_cfg.agent
-    backend = search_backend(world_dir, env_cfg)
-    tools = tools_identity(backend, env_cfg.search, a)
-    shots: list[Any] = []
-    if a.shots:
-        shots = worked_examples(
-            load_split(world_dir, "train"), a.shots, backend, env_cfg, set(exclude_answers)
-        )
-    dtype = str(lm.model.dtype).removeprefix("torch.")
-    policy = policy_identity(lm, dtype=dtype, **(extra or {}))
-    return AgentEnv(engine, lm.tokenizer, backend, a, env_cfg.search, policy, tools, shots)

@@ -27,12 +27,18 @@ from typing import Any
 
 import numpy as np
 
+from provrl.env.build import load_split
 from provrl.env.config import EnvConfig
-from provrl.env.prompts import Message, question_message
-from provrl.env.tasks import Task
+from provrl.env.oracle import run_oracle
+from provrl.env.tasks import PLAIN_KIND, Task, read_task_file
+from provrl.models.chat import tokenizer_identity
 from provrl.provenance import Identity, Trajectory
-
-SHOT_TIERS = (1, 2, 3, 4)
+from provrl.report.metrics import MetricsWriter
+from provrl.report.plots import plot_eval
+from provrl.rollout.agent import oracle_trajectory
+from provrl.rollout.collector import Collector
+from provrl.rollout.setup import agent_tools, build_env, env_policy_identity, open_engine
+from provrl.trajlog import TrajectoryWriter, read_all, read_trajectories
 
 
 def pass_at_k(n: int, c: int, k: int) -> float:
@@ -50,30 +56,6 @@ def select_tasks(tasks: Sequence[Task], n: int, seed: int) -> list[Task]:
         return list(tasks)
     idx = np.sort(np.random.default_rng(seed).choice(len(tasks), n, replace=False))
     return [tasks[int(i)] for i in idx]
-
-
-def worked_examples(
-    train: Sequence[Task], shots: int, backend: Any, cfg: EnvConfig, exclude: set[str]
-) -> list[list[Message]]:
-    """``shots`` oracle dialogues on train tasks (tiers 1, 2, 3, 4, 1, …), never one whose
-    answer entity is in ``exclude`` (splits are disjoint anyway)."""
-    from provrl.env.oracle import run_oracle
-
-    rng = np.random.default_rng([cfg.eval.seed, 17])
-    out: list[list[Message]] = []
-    for j in range(shots):
-        tier = SHOT_TIERS[j % len(SHOT_TIERS)]
-        pool = [t for t in train if t.tier == tier and t.answer_entity not in exclude]
-        if not pool:
-            raise ValueError(f"no train task of tier {tier} for a worked example")
-        t = pool[int(rng.integers(len(pool)))]
-        r = run_oracle(t, backend, cfg.search.k, cfg.agent.protocol)
-        if not r.solved:
-            raise ValueError(
-                f"worked example {t.task_id} is not solved by the oracle: {r.problems}"
-            )
-        out.append(r.messages(question_message(t.question)))
-    return out
 
 
 def summarize(tasks: Sequence[Task], trajs: Sequence[Trajectory], k: int) -> dict[str, Any]:
@@ -120,10 +102,6 @@ def summarize(tasks: Sequence[Task], trajs: Sequence[Trajectory], k: int) -> dic
 def summarize_run(run_dir: str | os.PathLike[str]) -> dict[str, Any]:
     """Recompute a finished run's summary from its ``trajectories.jsonl`` (e.g. after adding
     a statistic); the settings come from its ``eval.json``."""
-    from provrl.env.build import load_split
-    from provrl.env.tasks import read_task_file
-    from provrl.trajlog import read_all
-
     run = Path(run_dir)
     old = json.loads((run / "eval.json").read_text())
     trajs = read_all(run / "trajectories.jsonl")
@@ -158,17 +136,9 @@ def evaluate(
     :func:`provrl.env.tasks.read_task_file`) with whatever search backend ``cfg.search``
     names. The oracle's traces are tokenized with ``tokenizer`` (a model name or dir: the
     policy they are meant to teach). ``plot`` draws ``run_dir/eval.png`` (pass@j, the K
-    histogram). ``make_engine(lm, engine_cfg)`` builds the rollout engine (None: an
-    in-process :class:`~provrl.engine.LocalEngine`; the pipeline passes the run config's
-    backend, :func:`provrl.distributed.make_rollout_engine`)."""
-    from provrl.env.agent import AgentEnv, oracle_trajectory, tools_identity
-    from provrl.env.build import load_split
-    from provrl.env.oracle import run_oracle
-    from provrl.env.tasks import PLAIN_KIND, read_task_file
-    from provrl.models import policy_identity
-    from provrl.report.metrics import MetricsWriter
-    from provrl.trajlog import TrajectoryWriter
-
+    histogram). The environment and its engine are built by :mod:`provrl.rollout.setup`:
+    ``make_engine(lm, engine_cfg, version=0)`` (None: the in-process
+    :func:`provrl.engine.make_engine`; the pipeline passes the run's engine factory)."""
     ev, a = cfg.eval, cfg.agent
     run = Path(run_dir)
     run.mkdir(parents=True, exist_ok=True)
@@ -189,23 +159,13 @@ def evaluate(
             f"{source}: --policy oracle needs provrl world tasks (with an oracle plan); "
             "plain question/answer records have none"
         )
-    backend = search_backend(world_dir, cfg)
-    tools = tools_identity(backend, cfg.search, a)
-    shots: list[list[Message]] = []
-    if a.shots:
-        if world_dir is None or cfg.search.backend != "sqlite" or cfg.search.index:
-            raise ValueError(
-                f"shots={a.shots}: worked examples are oracle dialogues on the built-in world's "
-                "train tasks and its index; use shots=0 with your own tasks or search backend"
-            )
-        shots = worked_examples(
-            load_split(world_dir, "train"), a.shots, backend, cfg, {t.answer_entity for t in tasks}
-        )
+    tools = agent_tools(world_dir, cfg, exclude_answers={t.answer_entity for t in tasks})
+    backend = tools.backend
     t0 = time.perf_counter()
     trajs: list[Trajectory] = []
     log = run / "trajectories.jsonl"
     if policy == "oracle":
-        from provrl.models import load_tokenizer, tokenizer_identity
+        from provrl.models import load_tokenizer
 
         log.unlink(missing_ok=True)  # deterministic and instant: always redone whole
         bar = _progress(len(tasks), policy, progress)
@@ -214,7 +174,7 @@ def evaluate(
             for t in tasks:
                 r = run_oracle(t, backend, cfg.search.k, a.protocol)
                 tr = oracle_trajectory(
-                    t, r, tok, a, tools, traj_id=f"{t.task_id}-oracle", shots=shots
+                    t, r, tok, a, tools.identity, traj_id=f"{t.task_id}-oracle", shots=tools.shots
                 )
                 writer.write(tr)
                 trajs.extend([tr] * ev.k)
@@ -224,55 +184,44 @@ def evaluate(
             "oracle", "oracle-v1", {"deterministic": True, "tokenizer": tokenizer_identity(tok)}
         )
     else:
-        from provrl.engine import EngineConfig, LocalEngine
         from provrl.models import load_model
-        from provrl.pipeline.collector import Collector
-        from provrl.trajlog import read_trajectories
 
         # resume: samples already in the log (same ids, same seeds) are reused, never rerun
         done = list(read_trajectories(log)) if log.is_file() else []
         lm = load_model(policy, dtype=dtype)
-        ecfg = engine_cfg or EngineConfig(
-            max_seqs=ev.concurrency,
-            max_context=max(a.max_total_tokens + 8, 512),
-            seed=ev.seed,
-            dtype=dtype,
-        )
-        policy_id = policy_identity(lm, dtype=dtype)
+        policy_id = env_policy_identity(lm)
         foreign = [
             t
             for t in done
             if (t.policy.fingerprint, t.tools.fingerprint)
-            != (policy_id.fingerprint, tools.fingerprint)
+            != (policy_id.fingerprint, tools.identity.fingerprint)
         ]
         if foreign:
             raise ValueError(
                 f"{log}: holds trajectories of another policy or tool configuration "
                 f"({foreign[0].traj_id}); evaluate into a new run directory"
             )
-        engine = (make_engine or LocalEngine)(lm, ecfg)
-        env = AgentEnv(engine, lm.tokenizer, backend, a, cfg.search, policy_id, tools, shots)
-        try:
-            with (
-                TrajectoryWriter(log) as writer,
-                Collector(
-                    env,
-                    concurrency=ev.concurrency,
-                    seed=ev.seed,
-                    writer=writer,
-                    progress=f"eval {policy}" if progress else None,
-                ) as col,
-            ):
-                for g in col.run(tasks, ev.k, done=done):
-                    trajs.extend(g.trajectories)
-        finally:
-            engine.close()
+        with (
+            open_engine(
+                lm, cfg, engine_cfg=engine_cfg, dtype=dtype, make_engine=make_engine
+            ) as engine,
+            TrajectoryWriter(log) as writer,
+            Collector(
+                build_env(engine, lm, world_dir, cfg, tools=tools),
+                concurrency=ev.concurrency,
+                seed=ev.seed,
+                writer=writer,
+                progress=f"eval {policy}" if progress else None,
+            ) as col,
+        ):
+            for g in col.run(tasks, ev.k, done=done):
+                trajs.extend(g.trajectories)
     wall = time.perf_counter() - t0
     summary = summarize(tasks, trajs, ev.k)
     summary = {
         "policy": policy,
         "policy_fingerprint": policy_id.fingerprint,
-        "tools_fingerprint": tools.fingerprint,
+        "tools_fingerprint": tools.identity.fingerprint,
         "world": str(world_dir) if world_dir is not None else None,
         "tasks_file": str(tasks_file) if tasks_file is not None else None,
         "search": {
@@ -292,8 +241,6 @@ def evaluate(
         "trajectories": str(run / "trajectories.jsonl"),
     }
     if plot and summary["samples"]:
-        from provrl.report.plots import plot_eval
-
         summary["plot"] = str(plot_eval(summary, run / "eval.png"))
     (run / "eval.json").write_text(json.dumps(summary, indent=2))
     with MetricsWriter(run, tensorboard=False) as mw:
@@ -308,42 +255,6 @@ def evaluate(
             )
         mw.log(0, flat, prefix=f"eval/{ev.split}")
     return summary
-
-
-def search_backend(world_dir: str | os.PathLike[str] | None, cfg: EnvConfig) -> Any:
-    """The search tool ``cfg.search`` describes: the world's SQLite BM25 index, an index
-    file of the user's own collection (``search.index``, built by ``provrl index``) or the
-    HTTP client of a ``/retrieve`` service (``search.url``, with or without the trailing
-    ``/retrieve``), wrapped in the simulated latency when ``cfg.search.latency`` asks."""
-    backend: Any
-    if cfg.search.backend == "http":
-        from provrl.env.http_search import HttpSearch
-
-        url = cfg.search.url.rstrip("/").removesuffix("/retrieve")
-        backend = HttpSearch(url, cfg.agent.tool_timeout_s)
-    else:
-        from provrl.env.sqlite_index import SqliteSearch, cached_index
-
-        if cfg.search.index:
-            index: Path = Path(cfg.search.index)
-        elif world_dir is not None:
-            index = cached_index(world_dir)
-        else:
-            raise ValueError(
-                "search: no index — give search.index (a `provrl index` file), a world "
-                "directory, or backend=http with search.url"
-            )
-        backend = SqliteSearch(
-            index,
-            title_weight=cfg.search.title_weight,
-            snippet_words=cfg.search.snippet_words,
-            open_words=cfg.search.open_words,
-        )
-    if cfg.search.latency.kind != "none":
-        from provrl.env.latency import LatencyModel, WithLatency
-
-        backend = WithLatency(backend, LatencyModel(cfg.search.latency), cfg.agent.tool_timeout_s)
-    return backend
 
 
 class _NoBar:

@@ -10,7 +10,12 @@ import pytest
 import torch
 
 from provrl.engine import EngineConfig, LocalEngine
-from provrl.env.agent import (
+from provrl.env.build import load_split
+from provrl.env.config import AgentConfig, SearchConfig
+from provrl.env.oracle import run_oracle
+from provrl.env.protocol import Call
+from provrl.provenance import Identity
+from provrl.rollout.agent import (
     AgentEnv,
     ObservationCodec,
     oracle_trajectory,
@@ -18,11 +23,6 @@ from provrl.env.agent import (
     run_tool,
     tools_identity,
 )
-from provrl.env.build import load_split
-from provrl.env.config import AgentConfig, SearchConfig
-from provrl.env.oracle import run_oracle
-from provrl.env.protocol import Call
-from provrl.provenance import Identity
 from provrl.train.logprobs import token_logprobs
 
 
@@ -184,9 +184,9 @@ def test_smollm2_with_worked_examples_searches_the_real_index(small_world, small
     """SmolLM2 with 2 worked examples issues well-formed searches (83 % of samples in the
     measured run); each search's observation holds exactly the backend's results."""
     from provrl.env.config import EnvConfig
-    from provrl.env.evaluate import worked_examples
     from provrl.env.prompts import format_hits
     from provrl.models import load_model
+    from provrl.rollout.setup import worked_examples
 
     lm = load_model("smollm2-135m")
     eng = LocalEngine(lm, EngineConfig(max_seqs=16, max_context=2048, seed=0))

@@ -10,7 +10,7 @@ from typer.testing import CliRunner
 
 from provrl.cli import app
 from provrl.env.config import AgentConfig, EnvConfig, EvalConfig
-from provrl.env.evaluate import evaluate, pass_at_k, select_tasks
+from provrl.rollout.evaluate import evaluate, pass_at_k, select_tasks
 from provrl.trajlog import read_all
 
 

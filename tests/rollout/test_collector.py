@@ -9,7 +9,8 @@ import pytest
 from provrl.env.build import load_split
 from provrl.env.config import EnvConfig
 from provrl.pipeline.admission import group_lag, may_start, split_stale
-from provrl.pipeline.collector import Collector, group_key, open_policy_env, traj_id
+from provrl.rollout.collector import Collector, group_key, traj_id
+from provrl.rollout.setup import open_policy_env
 from provrl.trajlog import TrajectoryWriter, read_all
 
 
