@@ -188,7 +188,7 @@ def _flag_at(loc: tuple[str | int, ...], flags: Mapping[str, str]) -> tuple[str,
 
 class FlagError(ConfigError):
     """A command-line flag's value is invalid for the config field it sets
-    (:mod:`provrl.config_cli` turns it into a usage error naming the flag)."""
+    (:mod:`provrl.cli.options` turns it into a usage error naming the flag)."""
 
 
 def _format_errors(

@@ -14,7 +14,7 @@ logprobs.py    chunked vs full teacher-forced logprobs: time and    provrl bench
 =============  ===================================================  ==========================
 
 Settings: the ``bench`` section of the run config (:mod:`provrl.bench.config`); the command
-line is :mod:`provrl.bench.cli`. The end-to-end benchmarks that run the whole job
+line is :mod:`provrl.cli.bench`. The end-to-end benchmarks that run the whole job
 (``benchmarks/async_vs_sync.py``, ``warmstart_spread.py``, ``retrieve_load.py``,
 ``trpo_vs_sb3.py``, …) stay scripts in ``benchmarks/``.
 """

@@ -10,7 +10,7 @@ Typical use (teacher traces of the oracle, then an evaluation of the checkpoint)
 
 or on chat data: ``provrl sft --data chat.jsonl --model DIR --out runs/chat-sft``. Every
 setting is the run config's ``sft`` section (``--config FILE``, ``--set sft.lr=1e-4``); the
-flags are generated from its fields (:mod:`provrl.config_cli`).
+flags are generated from its fields (:mod:`provrl.cli.options`).
 """
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING, Annotated
 
 import typer
 
-from provrl.config_cli import config_options
+from provrl.cli.options import config_options
 
 if TYPE_CHECKING:
     from provrl.run_config import RunConfig

@@ -150,7 +150,7 @@ def test_console_script_is_main_and_success_exits_0(capsys):
 
     from provrl.cli import main
 
-    scripts = tomllib.loads(Path(__file__).parents[1].joinpath("pyproject.toml").read_text())
+    scripts = tomllib.loads(Path(__file__).parents[2].joinpath("pyproject.toml").read_text())
     assert scripts["project"]["scripts"]["provrl"] == "provrl.cli:main"
     assert main(["models", "list"]) == 0
     assert main(["--help"]) == 0

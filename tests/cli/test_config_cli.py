@@ -1,4 +1,4 @@
-"""Flags generated from config fields (provrl.config_cli): one source, one precedence."""
+"""Flags generated from config fields (provrl.cli.options): one source, one precedence."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import pytest
 import typer
 from typer.testing import CliRunner
 
-from provrl.config_cli import config_options, field_at
+from provrl.cli.options import config_options, field_at
 from provrl.run_config import RunConfig
 
 seen: list[RunConfig] = []

@@ -1,7 +1,7 @@
 """``provrl bench engine | search | log | logprobs``: each prints one JSON object.
 
 Every command takes ``--config FILE`` / ``--set bench.NAME.key=value``; its flags are
-generated from :mod:`provrl.bench.config` (:mod:`provrl.config_cli`). The scripts in
+generated from :mod:`provrl.bench.config` (:mod:`provrl.cli.options`). The scripts in
 ``benchmarks/`` run these same commands.
 """
 
@@ -19,7 +19,7 @@ from provrl.bench.config import (
     LogprobBenchConfig,
     SearchBenchConfig,
 )
-from provrl.config_cli import config_options
+from provrl.cli.options import config_options
 
 if TYPE_CHECKING:
     from provrl.run_config import RunConfig

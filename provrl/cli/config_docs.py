@@ -16,7 +16,7 @@ from typing import Any
 
 from pydantic import BaseModel
 
-DOC = Path(__file__).resolve().parent.parent / "docs" / "config.md"
+DOC = Path(__file__).resolve().parents[2] / "docs" / "config.md"
 
 HEADER = """# Configuration keys (generated)
 
@@ -27,7 +27,7 @@ presets in `configs/`), grouped by section. Every other command reads the same t
 `provrl eval|world|index|serve-search|sft|theory …|bench … --config FILE --set key=value`,
 and each of its convenience flags is one key below (`provrl eval --k 8` is `--set
 env.eval.k=8`), generated from the field — its help is the meaning column
-(`provrl.config_cli`). Where TRL (`GRPOConfig`) or verl
+(`provrl.cli.options`). Where TRL (`GRPOConfig`) or verl
 (`ppo_trainer.yaml`) has a key for the same quantity, its name is in the TRL / verl column,
 and provrl accepts that name too — the TRL name or the last part of the verl path, in the
 same section (`rl.num_iterations=2` sets `rl.epochs`; `rl.objective.beta=0.04` sets

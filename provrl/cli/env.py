@@ -1,7 +1,7 @@
 """`provrl world`, `provrl serve-search`, `provrl eval`, `provrl index`.
 
 Each takes ``--config FILE`` / ``--set key=value`` over the run config's ``env`` section
-(and ``model.dtype``); its flags are generated from those fields (:mod:`provrl.config_cli`).
+(and ``model.dtype``); its flags are generated from those fields (:mod:`provrl.cli.options`).
 Heavy imports happen inside the commands, so ``provrl --help`` stays instant.
 """
 
@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
-from provrl.config_cli import config_options
+from provrl.cli.options import config_options
 from provrl.env.config import WorldConfig
 
 if TYPE_CHECKING:

@@ -37,6 +37,7 @@ from pydantic import BaseModel
 from pydantic.fields import FieldInfo
 
 from provrl.config import FlagError, load_config
+from provrl.run_config import RunConfig
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -115,8 +116,6 @@ def _evaluated(fn: Callable[..., Any], annotation: Any) -> Any:
 
 
 def _root() -> type[BaseModel]:
-    from provrl.run_config import RunConfig
-
     return RunConfig
 
 
@@ -125,8 +124,7 @@ def config_options(
 ) -> Callable[[F], Callable[..., Any]]:
     """Decorate ``fn(cfg, **options)`` into a typer command that takes ``--config``,
     ``--set`` and one flag per ``flags`` entry (``name → dotted key``); see the module
-    docstring. ``root`` returns the config class (imported lazily: ``--help`` stays
-    instant)."""
+    docstring. ``root`` returns the config class (default :class:`RunConfig`)."""
 
     def decorate(fn: F) -> Callable[..., Any]:
         cls = root()

@@ -7,7 +7,7 @@ retention), ``all`` (everything, optionally copying the figures into docs/img/).
 
 Settings are the ``theory`` section of the run config (:class:`provrl.theory.config.
 TheoryConfig`): ``--config FILE``, ``--set theory.mm.gamma=0.95``, or the flags generated
-from its fields (:mod:`provrl.config_cli`).
+from its fields (:mod:`provrl.cli.options`).
 """
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
-from provrl.config_cli import config_options
+from provrl.cli.options import config_options
 
 if TYPE_CHECKING:
     from provrl.run_config import RunConfig

@@ -1,7 +1,11 @@
 """The one entry point: ``provrl --help`` lists every subcommand.
 
 Heavy imports (torch, transformers) happen inside commands, so ``--help`` is instant.
-Each room owns its commands in ``provrl/<room>/cli.py``; this file only wires them.
+Every command lives in ``provrl/cli/`` (the top layer: the library rooms below never import
+it), one module per room it drives — ``pipeline.py`` (run, report, probe, filter),
+``env.py`` (world, serve-search, index, eval), ``sft.py``, ``classic.py`` (trpo),
+``theory.py``, ``bench.py`` — with ``options.py`` (flags generated from the config fields)
+and ``config_docs.py``; this file only wires them.
 
 :func:`main` (the ``provrl`` console script) is the one top-level error handler: an
 expected error — a bad config, task file, checkpoint, trajectory log, world, search
@@ -26,12 +30,12 @@ from typing import Annotated, Any
 import typer
 from typer.exceptions import TyperException
 
-from provrl.bench.cli import app as bench_app
-from provrl.classic.cli import trpo
-from provrl.env.cli import eval_cmd, index_cmd, serve_search, world
-from provrl.pipeline.cli import filter_cmd, probe, report, run
-from provrl.theory.cli import app as theory_app
-from provrl.train.sft_cli import sft
+from provrl.cli.bench import app as bench_app
+from provrl.cli.classic import trpo
+from provrl.cli.env import eval_cmd, index_cmd, serve_search, world
+from provrl.cli.pipeline import filter_cmd, probe, report, run
+from provrl.cli.sft import sft
+from provrl.cli.theory import app as theory_app
 
 app = typer.Typer(
     help="provrl: RL post-training of tool-using LLM agents with exact per-token provenance. "
@@ -163,7 +167,7 @@ def config_docs(
     ] = False,
 ) -> None:
     """Write docs/config.md: every config key with its TRL / verl name, default and meaning."""
-    from provrl import config_docs as cd
+    from provrl.cli import config_docs as cd
 
     if check:
         if not cd.is_current():

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typer.testing import CliRunner
 
-from provrl.config_docs import DOC, is_current, render
+from provrl.cli.config_docs import DOC, is_current, render
 
 
 def test_config_doc_is_current():
@@ -19,7 +19,7 @@ def test_the_table_names_the_peers_of_each_field():
 
 
 def test_cli_check_fails_on_a_stale_doc(tmp_path, monkeypatch):
-    import provrl.config_docs as cd
+    import provrl.cli.config_docs as cd
     from provrl.cli import app
 
     stale = tmp_path / "config.md"
