@@ -13,8 +13,8 @@ logprobs.py    chunked vs full teacher-forced logprobs: time and    provrl bench
                peak memory (docs/objectives.md)                     benchmarks/logprobs.py
 =============  ===================================================  ==========================
 
-Settings: the ``bench`` section of the run config (:mod:`provrl.bench.config`); the command
-line is :mod:`provrl.cli.bench`. The end-to-end benchmarks that run the whole job
+Settings: the ``bench`` section of the run config (:mod:`provrl.run_config.bench`); the
+command line is :mod:`provrl.cli.bench`. The end-to-end benchmarks that run the whole job
 (``benchmarks/async_vs_sync.py``, ``warmstart_spread.py``, ``retrieve_load.py``,
 ``trpo_vs_sb3.py``, …) stay scripts in ``benchmarks/``.
 """

@@ -1,7 +1,7 @@
 """``provrl bench engine | search | log | logprobs``: each prints one JSON object.
 
 Every command takes ``--config FILE`` / ``--set bench.NAME.key=value``; its flags are
-generated from :mod:`provrl.bench.config` (:mod:`provrl.cli.options`). The scripts in
+generated from :mod:`provrl.run_config.bench` (:mod:`provrl.cli.options`). The scripts in
 ``benchmarks/`` run these same commands.
 """
 
@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
-from provrl.bench.config import (
+from provrl.run_config.bench import (
     EngineBenchConfig,
     LogBenchConfig,
     LogprobBenchConfig,

@@ -1,4 +1,5 @@
-"""The whole run's configuration: one typed section per room (presets in ``configs/``).
+"""The whole run's configuration: one typed section per room (presets in ``configs/``),
+and the two sections that belong to no room (``model``, ``logging``).
 
 >>> from provrl.config import load_config
 >>> cfg = load_config(RunConfig, "quick", ["rl.lr=1e-5"])
@@ -10,13 +11,13 @@ from typing import Literal
 
 from pydantic import Field
 
-from provrl.bench.config import BenchConfig
 from provrl.classic.config import ClassicTRPOConfig
 from provrl.config import Section, TorchDevice, peer_names
 from provrl.distributed.config import RayConfig
 from provrl.engine.config import EngineConfig
 from provrl.env.config import EnvConfig
-from provrl.pipeline.config import PipelineConfig
+from provrl.run_config.bench import BenchConfig
+from provrl.run_config.pipeline import PipelineConfig
 from provrl.theory.config import TheoryConfig
 from provrl.train.config import RLConfig, SFTConfig
 

@@ -1,4 +1,7 @@
-"""Typed config of ``provrl run`` (the ``pipeline`` section of :class:`RunConfig`)."""
+"""Typed config of ``provrl run`` (the ``pipeline`` section of :class:`RunConfig`).
+
+It lives beside :class:`RunConfig` rather than in ``provrl/pipeline/``: the pipeline takes
+the whole run config, so the run config cannot import the pipeline package."""
 
 from __future__ import annotations
 

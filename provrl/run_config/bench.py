@@ -1,4 +1,5 @@
-"""Typed settings of the benchmarks (the ``bench`` section of the run config).
+"""Typed settings of the benchmarks (the ``bench`` section of the run config; here rather
+than in ``provrl/bench/``, which sits above the run config and imports it).
 
 ``provrl bench NAME --config FILE --set bench.NAME.key=value`` or the flags generated from
 these fields; each benchmark prints JSON with provrl's figure, the peer's figure measured in
