@@ -199,7 +199,9 @@ def _format_errors(
     for e in err.errors():
         key = ".".join(str(p) for p in e["loc"]) or "<root>"
         got = _SHORT.repr(e.get("input"))
-        if e["type"] == "extra_forbidden":
+        if not e["loc"]:  # a whole-config check (a model validator) names its keys itself
+            lines.append(f"{source}: {str(e['msg']).removeprefix('Value error, ')}")
+        elif e["type"] == "extra_forbidden":
             lines.append(f"{source}: unknown key {key!r}{did_you_mean(err.title, e['loc'])}")
         elif (flag := _flag_at(e["loc"], flags)) is not None:
             name, at = flag

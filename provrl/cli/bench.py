@@ -13,13 +13,13 @@ from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
+from provrl.cli.options import config_options
 from provrl.run_config.bench import (
     EngineBenchConfig,
     LogBenchConfig,
     LogprobBenchConfig,
     SearchBenchConfig,
 )
-from provrl.cli.options import config_options
 
 if TYPE_CHECKING:
     from provrl.run_config import RunConfig

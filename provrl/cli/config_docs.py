@@ -100,7 +100,27 @@ def render(cls: type[BaseModel] | None = None) -> str:
         for name, f in cls.model_fields.items():
             if f in leaves:
                 out.append(f"| `{name}` |  |  | {_default(f)} | {_cell(f.description or '')} |")
+    old = old_names(cls)
+    if old:
+        out.append("\n## Old names\n")
+        out.append(
+            "Keys of older configs and run directories that are still read, and the key each "
+            "now sets."
+        )
+        out.append("\n| old key | what it is now |")
+        out.append("| --- | --- |")
+        out.extend(f"| `{key}` | {_cell(now)} |" for key, now in old)
     return "\n".join(out) + "\n"
+
+
+def old_names(cls: type[BaseModel]) -> list[tuple[str, str]]:
+    """(old key, what it maps to) of every alias a config class keeps (``OLD_KEYS``)."""
+    table: dict[str, str] = getattr(cls, "OLD_KEYS", {})
+    out = []
+    for key, now in table.items():
+        new, sep, note = now.partition(" ")
+        out.append((key, f"`{new}`{sep}{note}"))
+    return out
 
 
 def write(path: Path | None = None) -> Path:

@@ -102,8 +102,8 @@ def probe(
     from provrl.env.build import ensure_world, load_split
     from provrl.env.tasks import read_task_file
     from provrl.filtering import K_TABLE_HEADER, format_k_table
+    from provrl.pipeline.engines import stage_engine_config
     from provrl.pipeline.probe import format_transitions, run_filter, run_probe
-    from provrl.pipeline.stages import _engine_cfg
     from provrl.rollout.evaluate import select_tasks
     from provrl.run_config import RunConfig
 
@@ -129,7 +129,7 @@ def probe(
         k=kk,
         seed=cfg.seed,
         dtype=cfg.model.dtype,
-        engine_cfg=_engine_cfg(cfg, c),
+        engine_cfg=stage_engine_config(cfg, c),
         concurrency=c,
         progress=progress and not as_json,
     )

@@ -29,6 +29,7 @@ from provrl.distributed.replica import EngineReplica
 from provrl.distributed.weights import Published, WeightStore
 from provrl.engine.api import EngineError, HotLoadMode, HotLoadReport, TurnOutput
 from provrl.engine.config import EngineConfig
+from provrl.models.loading import LoadedModel
 from provrl.provenance import SamplingParams
 
 
@@ -74,7 +75,7 @@ class RayEngine:
 
     def __init__(
         self,
-        lm: Any,
+        lm: LoadedModel,
         engine_cfg: EngineConfig,
         cfg: RayConfig,
         *,

@@ -23,13 +23,18 @@ from __future__ import annotations
 
 import os
 from collections.abc import Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from provrl._sys import release_memory
 from provrl.distributed.config import RayConfig
 from provrl.distributed.weights import PackedWeights, Published, pack_state_dict
+from provrl.models.loading import LoadedModel
 from provrl.provenance import Trajectory
-from provrl.train.learner import MetricsBuffer, Update, replay_metrics
+from provrl.train.config import RLConfig
+from provrl.train.learner import LocalLearner, MetricsBuffer, Update, replay_metrics
+
+if TYPE_CHECKING:
+    from ray import ObjectRef
 
 
 class TrainerActor:
@@ -38,7 +43,7 @@ class TrainerActor:
 
     def __init__(
         self,
-        lm: Any,
+        lm: LoadedModel,
         rl: dict[str, Any],
         *,
         version: int,
@@ -47,9 +52,6 @@ class TrainerActor:
         optimizer_state: str | None,
     ) -> None:
         import torch
-
-        from provrl.train.config import RLConfig
-        from provrl.train.learner import LocalLearner
 
         if threads:
             torch.set_num_threads(threads)
@@ -94,8 +96,8 @@ class RayLearner:
 
     def __init__(
         self,
-        lm_ref: Any,
-        rl: Any,
+        lm_ref: LoadedModel | ObjectRef[LoadedModel],
+        rl: RLConfig,
         cfg: RayConfig,
         *,
         version: int,

@@ -32,6 +32,9 @@ from typing import Any
 import numpy as np
 
 from provrl._sys import file_sha256, write_json
+from provrl.engine.api import EngineFactory
+from provrl.engine.config import EngineConfig
+from provrl.env.config import EnvConfig
 from provrl.env.tasks import Task, load_tasks, save_tasks
 from provrl.filtering import (
     POOLS,
@@ -92,7 +95,7 @@ def manifest(
 
 
 def current_manifest(
-    policy: str, world_dir: Path, env_cfg: Any, *, k: int, seed: int, dtype: str
+    policy: str, world_dir: Path, env_cfg: EnvConfig, *, k: int, seed: int, dtype: str
 ) -> dict[str, Any]:
     """The manifest a probe of ``policy`` with today's tools would write (no model load)."""
     from provrl.models.loading import policy_fingerprint
@@ -105,16 +108,16 @@ def run_probe(
     policy: str,
     tasks: Sequence[Task],
     world_dir: Path,
-    env_cfg: Any,
+    env_cfg: EnvConfig,
     out: Path,
     *,
     k: int,
     seed: int,
     dtype: str = "float32",
-    engine_cfg: Any = None,
+    engine_cfg: EngineConfig | None = None,
     concurrency: int = 32,
     progress: bool = True,
-    make_engine: Any = None,
+    make_engine: EngineFactory | None = None,
 ) -> dict[str, Any]:
     """Probe ``tasks`` k times each with ``policy`` (see the module docstring); returns (and
     writes) ``probe.json``. ``make_engine``: as :func:`~provrl.rollout.setup.open_policy_env`

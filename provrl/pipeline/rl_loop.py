@@ -46,9 +46,12 @@ from typing import Any
 import numpy as np
 
 from provrl._sys import release_memory, rss_mb, write_json
+from provrl.distributed.factory import fleet_summary
+from provrl.engine.api import EngineFactory
 from provrl.env.tasks import Task
 from provrl.failpoints import failpoint
 from provrl.pipeline.admission import group_lag, may_start, split_stale
+from provrl.pipeline.engines import engine_factory, make_learner
 from provrl.pipeline.rundir import COMPLETE, RunDir
 from provrl.provenance import Trajectory
 from provrl.rollout.collector import Collector, Group
@@ -126,12 +129,13 @@ def run_rl(
     start_policy: str,
     *,
     progress: bool = True,
+    engines: EngineFactory | None = None,
 ) -> dict[str, Any]:
     """Train ``start_policy`` with RL on ``tasks`` (see the module docstring); returns the
-    stage summary. Resumes from ``RUN/rl`` when it holds a checkpoint or a log."""
+    stage summary. Resumes from ``RUN/rl`` when it holds a checkpoint or a log. ``engines``:
+    the run's engine factory (default: :func:`~provrl.pipeline.engines.engine_factory`)."""
     import torch
 
-    from provrl.distributed import fleet_summary, make_learner, make_rollout_engine
     from provrl.models import load_model
     from provrl.report.metrics import MetricsWriter
     from provrl.trajlog import TrajectoryWriter, read_trajectories
@@ -156,10 +160,11 @@ def run_rl(
             "threads": engine_threads,
         }
     )
-    engine = make_rollout_engine(lm, cfg, engine_cfg, version=state.version)  # backend: local | ray
+    engines = engines or engine_factory(cfg)  # engine.backend: local | vllm | ray
+    engine = engines(lm, engine_cfg, version=state.version)
     env = build_env(engine, lm, world_dir, cfg.env, extra={"start": start_policy})
     metrics = MetricsWriter.from_logging(rl_dir, cfg.logging, config=cfg.model_dump(mode="json"))
-    learner = make_learner(  # backend: local → this process; ray → a trainer actor
+    learner = make_learner(  # engine.backend: ray → a trainer actor; else this process
         lm,
         cfg,
         engine,
@@ -328,7 +333,7 @@ def run_rl(
         collector = col.summary()
     bar.close()
     eng = engine.stats()
-    fleet = fleet_summary(engine, eng)  # backend: ray — versions per replica, faults
+    fleet = fleet_summary(engine, eng)  # engine.backend: ray — versions per replica, faults
     trainer_info = learner.info()
     learner.close()
     engine.close()

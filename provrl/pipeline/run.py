@@ -27,8 +27,9 @@ from typing import Any
 import numpy as np
 
 from provrl._sys import release_memory
-from provrl.config import ConfigError, dump_config
+from provrl.config import ConfigError, dump_config, load_config
 from provrl.env.tasks import Task
+from provrl.pipeline.engines import engine_factory
 from provrl.pipeline.rundir import RunDir
 from provrl.run_config import RunConfig
 
@@ -76,6 +77,7 @@ def run_pipeline(cfg: RunConfig, run_dir: str | Path, *, progress: bool = True) 
     np.random.seed(cfg.seed)
     torch.manual_seed(cfg.seed)
     say = _say(progress)
+    engines = engine_factory(cfg)  # the one engine factory: probe, RL and eval build through it
 
     # world ---------------------------------------------------------------------------------
     t0 = time.perf_counter()
@@ -106,7 +108,9 @@ def run_pipeline(cfg: RunConfig, run_dir: str | Path, *, progress: bool = True) 
     from provrl.pipeline import stages
 
     probe = _stage(
-        run, "probe", lambda: stages.probe(cfg, run, world_dir, sl["probe"], policy, progress)
+        run,
+        "probe",
+        lambda: stages.probe(cfg, run, world_dir, sl["probe"], policy, progress, engines),
     )
     pools = _stage(run, "filter", lambda: stages.filter_pools(cfg, run))
     stages.check_fresh(cfg, run, policy, world_dir)
@@ -124,7 +128,11 @@ def run_pipeline(cfg: RunConfig, run_dir: str | Path, *, progress: bool = True) 
     from provrl.pipeline.rl_loop import run_rl
 
     pool = [t for name in cfg.pipeline.rl_pools for t in stages.load_pool(run, name)]
-    rl = _stage(run, "rl", lambda: run_rl(cfg, run, world_dir, pool, policy, progress=progress))
+    rl = _stage(
+        run,
+        "rl",
+        lambda: run_rl(cfg, run, world_dir, pool, policy, progress=progress, engines=engines),
+    )
     say(f"rl: {rl['steps']} steps ({rl['mode']}), final version {rl['final_version']}")
 
     # held-out evaluation ---------------------------------------------------------------------
@@ -140,7 +148,7 @@ def run_pipeline(cfg: RunConfig, run_dir: str | Path, *, progress: bool = True) 
             continue
         release_memory()
         results[name] = stages.evaluate_policy(
-            cfg, run, world_dir, name, policies[name], sl["eval"], progress
+            cfg, run, world_dir, name, policies[name], sl["eval"], progress, engines
         )
         say(
             f"eval {name}: accuracy {results[name]['accuracy']:.3f}, tool calls/solved "
@@ -213,10 +221,10 @@ def _write_config(run: RunDir, cfg: RunConfig) -> None:
     text = dump_config(cfg)
     if p.is_file():
         new = yaml.safe_load(text)
-        # a field added to RunConfig since the run started is absent from its config.yaml:
-        # it is read at its default, so the old config is compared with those filled in
-        defaults = yaml.safe_load(dump_config(type(cfg)()))
-        old = _fill_missing(yaml.safe_load(p.read_text()), defaults)
+        # read back through the config class: a field added since the run started (absent
+        # from its config.yaml) is read at its default, and an old key name (RunConfig.OLD_KEYS,
+        # renamed sections) as the key it now sets, so the two are compared key for key
+        old = yaml.safe_load(dump_config(load_config(type(cfg), p)))
         diff = _first_diff(_without(old, RESUMABLE), _without(new, RESUMABLE))
         if diff is not None:
             raise ConfigError(
@@ -250,16 +258,6 @@ def _without(tree: dict[str, Any], keys: tuple[str, ...]) -> dict[str, Any]:
             node = node.get(part, {})
         if isinstance(node, dict):
             node.pop(last, None)
-    return out
-
-
-def _fill_missing(tree: Any, defaults: Any) -> Any:
-    """``tree`` with every key it lacks taken from ``defaults`` (recursively)."""
-    if not (isinstance(tree, dict) and isinstance(defaults, dict)):
-        return tree
-    out = dict(tree)
-    for k, v in defaults.items():
-        out[k] = _fill_missing(out[k], v) if k in out else v
     return out
 
 

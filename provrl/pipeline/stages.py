@@ -14,13 +14,21 @@ from typing import Any
 
 import numpy as np
 
+from provrl.engine.api import EngineFactory
 from provrl.env.tasks import Task, load_tasks
+from provrl.pipeline.engines import stage_engine_config
 from provrl.pipeline.rundir import RunDir
 from provrl.run_config import RunConfig
 
 
 def probe(
-    cfg: RunConfig, run: RunDir, world_dir: Path, tasks: list[Task], policy: str, progress: bool
+    cfg: RunConfig,
+    run: RunDir,
+    world_dir: Path,
+    tasks: list[Task],
+    policy: str,
+    progress: bool,
+    engines: EngineFactory,
 ) -> dict[str, Any]:
     """k samples per task with the current policy and tools, into ``RUN/probe`` (a probe
     directory, :mod:`provrl.pipeline.probe`; resumable)."""
@@ -36,10 +44,10 @@ def probe(
         k=loop.k,
         seed=cfg.seed,
         dtype=cfg.model.dtype,
-        engine_cfg=_engine_cfg(cfg, loop.concurrency),
+        engine_cfg=stage_engine_config(cfg, loop.concurrency),
         concurrency=loop.concurrency,
         progress=progress,
-        make_engine=rollout_engines(cfg),
+        make_engine=engines,
     )
     out.pop("records")  # in RUN/probe/probe.json; the stage marker keeps the summary
     return out
@@ -104,6 +112,7 @@ def evaluate_policy(
     policy: str,
     tasks: list[Task],
     progress: bool,
+    engines: EngineFactory,
 ) -> dict[str, Any]:
     """Evaluate ``policy`` on the eval slice of the test split, k samples per task, with
     binomial standard errors; resumable (samples in the log are not rerun)."""
@@ -122,8 +131,8 @@ def evaluate_policy(
         run.root / "eval" / name,
         progress=progress,
         dtype=cfg.model.dtype,
-        engine_cfg=_engine_cfg(cfg, e.concurrency),
-        make_engine=rollout_engines(cfg),
+        engine_cfg=stage_engine_config(cfg, e.concurrency),
+        make_engine=engines,
     )
     from provrl.trajlog import read_all
 
@@ -180,19 +189,3 @@ def _env_for(cfg: RunConfig, *, concurrency: int) -> Any:
     env = cfg.env.model_copy(deep=True)
     env.eval.concurrency = concurrency
     return env
-
-
-def rollout_engines(cfg: RunConfig) -> Any:
-    """``make_engine(lm, engine_cfg, version=0)`` for the probe and eval stages: the engine
-    the run config names — ``backend: ray`` replicas, or in process the engine
-    ``engine.backend`` names — as the RL stage builds it."""
-    from provrl.distributed import make_rollout_engine
-
-    def make(lm: Any, engine_cfg: Any, version: int = 0) -> Any:
-        return make_rollout_engine(lm, cfg, engine_cfg, version=version)
-
-    return make
-
-
-def _engine_cfg(cfg: RunConfig, concurrency: int) -> Any:
-    return cfg.engine.model_copy(update={"max_seqs": max(cfg.engine.max_seqs, concurrency)})

@@ -27,6 +27,8 @@ from typing import Any
 
 import numpy as np
 
+from provrl.engine.api import EngineFactory
+from provrl.engine.config import EngineConfig
 from provrl.env.build import load_split
 from provrl.env.config import EnvConfig
 from provrl.env.oracle import run_oracle
@@ -125,11 +127,11 @@ def evaluate(
     *,
     tasks_file: str | os.PathLike[str] | None = None,
     tokenizer: str = "smollm2-135m",
-    engine_cfg: Any = None,
+    engine_cfg: EngineConfig | None = None,
     progress: bool = True,
     dtype: str = "float32",
     plot: bool = True,
-    make_engine: Any = None,
+    make_engine: EngineFactory | None = None,
 ) -> dict[str, Any]:
     """Evaluate ``policy`` (``oracle``, a model name or a checkpoint dir) on a split of the
     world, or on the tasks of ``tasks_file`` (provrl task records or plain QA records,

@@ -20,10 +20,11 @@ import os
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from provrl.engine.api import Engine, EngineFactory
 from provrl.engine.config import EngineConfig
 from provrl.engine.factory import make_engine as local_engine
 from provrl.env.build import load_split, search_backend
@@ -34,6 +35,9 @@ from provrl.env.search import SearchBackend
 from provrl.env.tasks import Task
 from provrl.provenance import Identity
 from provrl.rollout.agent import AgentEnv, tools_identity
+
+if TYPE_CHECKING:  # models.loading imports torch; load_model is imported where it runs
+    from provrl.models.loading import LoadedModel
 
 SHOT_TIERS = (1, 2, 3, 4)
 """Tiers of the worked examples, in turn (a fifth shot is tier 1 again)."""
@@ -109,7 +113,7 @@ def worked_examples(
     return out
 
 
-def env_policy_identity(lm: Any, **extra: Any) -> Identity:
+def env_policy_identity(lm: LoadedModel, **extra: Any) -> Identity:
     """The policy identity an environment's trajectories record for ``lm``: name, weights'
     fingerprint, dtype and tokenizer (:func:`provrl.models.policy_identity`), plus ``extra``."""
     from provrl.models.loading import policy_identity
@@ -118,8 +122,8 @@ def env_policy_identity(lm: Any, **extra: Any) -> Identity:
 
 
 def build_env(
-    engine: Any,
-    lm: Any,
+    engine: Engine,
+    lm: LoadedModel,
     world_dir: str | os.PathLike[str] | None,
     env_cfg: EnvConfig,
     *,
@@ -146,17 +150,17 @@ def build_env(
 
 @contextlib.contextmanager
 def open_engine(
-    lm: Any,
+    lm: LoadedModel,
     env_cfg: EnvConfig,
     *,
     engine_cfg: EngineConfig | None = None,
     dtype: str = "float32",
     version: int = 0,
-    make_engine: Any = None,
-) -> Iterator[Any]:
+    make_engine: EngineFactory | None = None,
+) -> Iterator[Engine]:
     """An engine serving ``lm`` — ``make_engine(lm, engine_cfg, version=v)``, by default the
     in-process one; ``engine_cfg`` defaults to :func:`engine_config` — closed on exit."""
-    build = make_engine or local_engine
+    build: EngineFactory = make_engine or local_engine
     engine = build(lm, engine_cfg or engine_config(env_cfg, dtype=dtype), version=version)
     try:
         yield engine
@@ -174,8 +178,8 @@ def open_policy_env(
     dtype: str = "float32",
     exclude_answers: Iterable[str] = (),
     version: int = 0,
-    make_engine: Any = None,
-) -> Iterator[tuple[AgentEnv, Any]]:
+    make_engine: EngineFactory | None = None,
+) -> Iterator[tuple[AgentEnv, LoadedModel]]:
     """Load ``policy`` (a model name or checkpoint dir), start an engine on it
     (:func:`open_engine`) and build its environment (:func:`build_env`); yield
     ``(env, loaded_model)`` and close the engine on exit."""

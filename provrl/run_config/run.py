@@ -7,9 +7,10 @@ and the two sections that belong to no room (``model``, ``logging``).
 
 from __future__ import annotations
 
-from typing import Literal
+from collections.abc import Mapping
+from typing import Any, ClassVar, Literal
 
-from pydantic import Field
+from pydantic import BaseModel, Field, model_validator
 
 from provrl.classic.config import ClassicTRPOConfig
 from provrl.config import Section, TorchDevice, peer_names
@@ -52,12 +53,6 @@ class RunConfig(Section):
 
     model: ModelConfig = Field(default_factory=ModelConfig, description="Policy model.")
     engine: EngineConfig = Field(default_factory=EngineConfig, description="Rollout engine.")
-    backend: Literal["local", "ray"] = Field(
-        "local",
-        description="Where the rollout engine runs: 'local' = one engine in this process; "
-        "'ray' = ray.replicas engine replicas as Ray actors, each in its own process "
-        "(pip install 'provrl[ray]'; docs/distributed.md).",
-    )
     ray: RayConfig = Field(
         default_factory=RayConfig,
         description="The Ray backend: cluster address, replicas, threads per replica, "
@@ -84,3 +79,52 @@ class RunConfig(Section):
     )
     logging: LoggingConfig = Field(default_factory=LoggingConfig, description="Outputs.")
     seed: int = Field(0, description="Global seed (python, numpy, torch).")
+
+    OLD_KEYS: ClassVar[dict[str, str]] = {
+        "backend": "engine.backend (backend: ray is engine.backend: ray; backend: local keeps "
+        "the in-process engine engine.backend names)"
+    }
+    """Keys of older configs that are still read, and what they map to (docs/config.md)."""
+
+    @model_validator(mode="before")
+    @classmethod
+    def _old_backend_key(cls, data: Any) -> Any:
+        """``backend`` (the old top-level switch, local | ray) → ``engine.backend``, the one
+        switch now: ``ray`` sets ``engine.backend: ray`` (a vLLM engine it named moves to
+        ``ray.engine``, what each replica runs); ``local`` keeps the in-process engine."""
+        if not isinstance(data, Mapping) or "backend" not in data:
+            return data
+        data = dict(data)
+        old = data.pop("backend")
+        if old not in ("local", "ray"):
+            raise ValueError(
+                f"backend: {old!r} is not 'local' or 'ray' (backend is the old name of "
+                "engine.backend: local | vllm | ray)"
+            )
+        engine, ray = _as_dict(data.get("engine")), _as_dict(data.get("ray"))
+        if engine is None or ray is None:
+            return data  # not a mapping: the field's own validation says so
+        kind = engine.get("backend", "local")
+        if old == "ray" and kind != "ray":
+            engine["backend"] = "ray"
+            if kind != "local":
+                ray["engine"] = kind
+        elif old == "local" and kind == "ray":
+            engine["backend"] = ray.get("engine", "local")
+        data["engine"], data["ray"] = engine, ray
+        return data
+
+    @property
+    def backend(self) -> Literal["local", "ray"]:
+        """The old top-level switch, read-only: ``ray`` when ``engine.backend`` is ray, else
+        ``local``."""
+        return "ray" if self.engine.backend == "ray" else "local"
+
+
+def _as_dict(section: Any) -> dict[str, Any] | None:
+    """A section given as a mapping or a model, as a dict of the keys it sets (None: neither)."""
+    if section is None:
+        return {}
+    if isinstance(section, BaseModel):
+        return section.model_dump(exclude_unset=True)
+    return dict(section) if isinstance(section, Mapping) else None

@@ -23,9 +23,13 @@ import os
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 from provrl.provenance import Trajectory
+from provrl.train.config import RLConfig
+
+if TYPE_CHECKING:  # models.loading imports torch; the learner protocol stays light
+    from provrl.models.loading import LoadedModel
 
 OPTIMIZER_FILE = "optimizer.pt"
 """Inside a checkpoint directory: AdamW state, the trainer's RNG state and step count."""
@@ -73,8 +77,8 @@ class LocalLearner:
 
     def __init__(
         self,
-        lm: Any,
-        rl: Any,
+        lm: LoadedModel,
+        rl: RLConfig,
         *,
         version: int,
         metrics: Any = None,

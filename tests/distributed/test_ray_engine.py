@@ -14,11 +14,11 @@ import pytest
 
 ray = pytest.importorskip("ray")
 
-from provrl.distributed import make_rollout_engine  # noqa: E402
 from provrl.distributed.config import RayConfig  # noqa: E402
 from provrl.distributed.engine import RayEngine, connect  # noqa: E402
 from provrl.engine import Engine, EngineConfig, EngineError, LocalEngine  # noqa: E402
 from provrl.models import LoadedModel  # noqa: E402
+from provrl.pipeline.engines import make_rollout_engine  # noqa: E402
 from provrl.provenance import SamplingParams  # noqa: E402
 from provrl.run_config import RunConfig  # noqa: E402
 
