@@ -2,7 +2,7 @@
 
 Same preset, same warm start, same kept pool, same number of trained samples
 (``steps × groups_per_step × k``), the heavy-tailed search-latency model on (log-normal body,
-Pareto tail): only ``pipeline.rl.mode`` differs. For each mode and seed the RL stage runs from
+Pareto tail): only ``pipeline.loop.mode`` differs. For each mode and seed the RL stage runs from
 a copy of one shared warm-started run directory; then the final policy is evaluated on dev.
 
 Reported per mode (medians over seeds): wall time of the RL stage, trajectories/s, engine and
@@ -47,12 +47,12 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     from provrl.rollout.evaluate import evaluate
     from provrl.run_config import RunConfig
 
-    sets = [*args.overrides, f"pipeline.rl.steps={args.steps}", "pipeline.eval.policies=[]"]
+    sets = [*args.overrides, f"pipeline.loop.steps={args.steps}", "pipeline.eval.policies=[]"]
     if args.model:
         sets.append(f"model.name={args.model}")
     base_dir = args.out / "shared"
     # 1. one shared warm start, probe and filter (RL with 0 steps, no eval)
-    cfg0 = load_config(RunConfig, args.preset, [*sets, "pipeline.rl.steps=0"])
+    cfg0 = load_config(RunConfig, args.preset, [*sets, "pipeline.loop.steps=0"])
     run_pipeline(cfg0, base_dir, progress=False)
     world = ensure_world(cfg0.env.world)
     start = json.loads((base_dir / "warmstart" / "done.json").read_text())["checkpoint"]
@@ -68,7 +68,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
                 args.preset,
                 [
                     *sets,
-                    f"pipeline.rl.mode={mode}",
+                    f"pipeline.loop.mode={mode}",
                     f"seed={seed}",
                     f"env.search.latency.kind={args.latency}",
                     f"env.search.latency.median_s={args.median_latency}",
@@ -114,7 +114,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         "preset": args.preset,
         "model": cfg0.model.name,
         "steps": args.steps,
-        "samples_per_run": args.steps * cfg0.pipeline.rl.groups_per_step * cfg0.pipeline.rl.k,
+        "samples_per_run": args.steps * cfg0.pipeline.loop.groups_per_step * cfg0.pipeline.loop.k,
         "latency": {"kind": args.latency, "median_s": args.median_latency},
         "seeds": args.seeds,
         "modes": {

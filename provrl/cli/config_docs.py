@@ -113,13 +113,25 @@ def render(cls: type[BaseModel] | None = None) -> str:
     return "\n".join(out) + "\n"
 
 
-def old_names(cls: type[BaseModel]) -> list[tuple[str, str]]:
-    """(old key, what it maps to) of every alias a config class keeps (``OLD_KEYS``)."""
-    table: dict[str, str] = getattr(cls, "OLD_KEYS", {})
+def old_names(cls: type[BaseModel], prefix: str = "") -> list[tuple[str, str]]:
+    """(old key, what it is now) of every alias a config class keeps: the keys of a renamed
+    section (``Section.renamed``, one row per key so each old key can be looked up) and
+    ``OLD_KEYS``."""
     out = []
-    for key, now in table.items():
+    for old, new in getattr(cls, "renamed", {}).items():
+        sub = cls.model_fields[new].annotation
+        if isinstance(sub, type) and issubclass(sub, BaseModel):
+            for key, *_ in rows(sub, f"{prefix}{new}."):
+                out.append((f"{prefix}{old}.{key.strip('`')[len(prefix + new) + 1 :]}", key))
+        else:
+            out.append((f"{prefix}{old}", f"`{prefix}{new}`"))
+    for name, f in cls.model_fields.items():
+        ann = f.annotation
+        if isinstance(ann, type) and issubclass(ann, BaseModel):
+            out.extend(old_names(ann, f"{prefix}{name}."))
+    for key, now in getattr(cls, "OLD_KEYS", {}).items():
         new, sep, note = now.partition(" ")
-        out.append((key, f"`{new}`{sep}{note}"))
+        out.append((f"{prefix}{key}", f"`{new}`{sep}{note}"))
     return out
 
 

@@ -15,7 +15,7 @@ def run(
     overrides: Annotated[
         list[str] | None,
         typer.Option(
-            "--set", help="Override a config key, e.g. --set pipeline.rl.steps=4 (repeat)."
+            "--set", help="Override a config key, e.g. --set pipeline.loop.steps=4 (repeat)."
         ),
     ] = None,
     resume: Annotated[
@@ -83,7 +83,7 @@ def probe(
         int, typer.Option(help="Without --tasks/--pool: tasks drawn (seeded; 0 = all).")
     ] = 0,
     k: Annotated[
-        int | None, typer.Option(help="Samples per task (default pipeline.rl.k = 8).")
+        int | None, typer.Option(help="Samples per task (default pipeline.loop.k = 8).")
     ] = None,
     preset: Annotated[
         str, typer.Option("--preset", "--config", help="Preset in configs/ or a YAML path.")
@@ -118,8 +118,8 @@ def probe(
         todo = select_tasks(
             [t for t in load_split(world_dir, split) if t.tier in tiers], n, cfg.pipeline.tasks.seed
         )
-    kk = k or cfg.pipeline.rl.k
-    c = cfg.pipeline.rl.concurrency
+    kk = k or cfg.pipeline.loop.k
+    c = cfg.pipeline.loop.concurrency
     summary = run_probe(
         policy or cfg.model.name,
         todo,

@@ -140,7 +140,7 @@ def run_rl(
     from provrl.report.metrics import MetricsWriter
     from provrl.trajlog import TrajectoryWriter, read_trajectories
 
-    loop, rl_dir = cfg.pipeline.rl, run.stage("rl")
+    loop, rl_dir = cfg.pipeline.loop, run.stage("rl")
     latest = run.latest_checkpoint()
     state = RLState()
     policy_path = start_policy

@@ -27,7 +27,7 @@ from typing import Any
 import numpy as np
 
 from provrl._sys import release_memory
-from provrl.config import ConfigError, dump_config, load_config
+from provrl.config import ConfigError, dump_config, load_config, old_name
 from provrl.env.tasks import Task
 from provrl.pipeline.engines import engine_factory
 from provrl.pipeline.rundir import RunDir
@@ -227,6 +227,8 @@ def _write_config(run: RunDir, cfg: RunConfig) -> None:
         old = yaml.safe_load(dump_config(load_config(type(cfg), p)))
         diff = _first_diff(_without(old, RESUMABLE), _without(new, RESUMABLE))
         if diff is not None:
+            was = old_name(type(cfg), diff.split(":", 1)[0])
+            diff += f"; {was} before it was renamed" if was else ""
             raise ConfigError(
                 f"{p}: the run was started with a different config ({diff}); use a new run "
                 "directory, or the same config to resume"

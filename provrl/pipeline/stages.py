@@ -34,7 +34,7 @@ def probe(
     directory, :mod:`provrl.pipeline.probe`; resumable)."""
     from provrl.pipeline.probe import run_probe
 
-    loop = cfg.pipeline.rl
+    loop = cfg.pipeline.loop
     out = run_probe(
         policy,
         tasks,
@@ -77,7 +77,7 @@ def check_fresh(cfg: RunConfig, run: RunDir, policy: str, world_dir: Path) -> li
     from provrl.pipeline.probe import current_manifest
 
     now = current_manifest(
-        policy, world_dir, cfg.env, k=cfg.pipeline.rl.k, seed=cfg.seed, dtype=cfg.model.dtype
+        policy, world_dir, cfg.env, k=cfg.pipeline.loop.k, seed=cfg.seed, dtype=cfg.model.dtype
     )
     summary = json.loads((run.root / "filter" / "filter.json").read_text())
     return check(summary, now, allow=cfg.pipeline.allow_stale_pools)

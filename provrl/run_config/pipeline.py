@@ -5,7 +5,7 @@ the whole run config, so the run config cannot import the pipeline package."""
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import ClassVar, Literal
 
 from pydantic import Field
 
@@ -138,6 +138,9 @@ class EvalStageConfig(Section):
 class PipelineConfig(Section):
     """``provrl run``: world → warm start → probe → filter → (self-SFT) → RL → eval → report."""
 
+    renamed: ClassVar[dict[str, str]] = {"rl": "loop"}
+    """``pipeline.rl`` was the RL loop's section; ``rl`` alone is the trainer's."""
+
     tasks: TaskSliceConfig = Field(
         default_factory=TaskSliceConfig, description="Task slices of the stages."
     )
@@ -165,7 +168,10 @@ class PipelineConfig(Section):
         description="Let RL train on pools whose probe manifest does not match the current "
         "policy or tools (normally refused).",
     )
-    rl: RLLoopConfig = Field(default_factory=RLLoopConfig, description="RL orchestration.")
+    loop: RLLoopConfig = Field(
+        default_factory=RLLoopConfig,
+        description="The RL loop's orchestration (the trainer is the top-level rl section).",
+    )
     eval: EvalStageConfig = Field(
         default_factory=EvalStageConfig, description="Held-out evaluation."
     )
