@@ -222,7 +222,7 @@ def run_benchmark(
     return out
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
     ap.add_argument("--envs", nargs="+", default=ENVS, help="gymnasium env ids")
     ap.add_argument("--steps", type=int, default=100_000, help="environment steps per run")
@@ -233,7 +233,7 @@ def main() -> None:
     )
     ap.add_argument("--quick", action="store_true", help="smoke run: 10k steps, one seed")
     ap.add_argument("--json", action="store_true", help="print JSON only (progress on stderr)")
-    args = ap.parse_args()
+    args = ap.parse_args(argv)
     if args.quick:
         args.steps, args.seeds, args.eval_episodes = 10_000, 1, 3
     try:

@@ -201,7 +201,7 @@ def plot(runs: list[dict[str, Any]], path: Path) -> None:
     plt.close(fig)
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
     tuning = ENV_PRESETS[ENV].tuning_seeds
     ap.add_argument("--first-seed", type=int, default=tuning.start)
@@ -211,7 +211,7 @@ def main() -> None:
     ap.add_argument("--out", type=Path, default=Path("runs/trpo_pendulum_seeds.json"))
     ap.add_argument("--plot", type=Path, default=Path("docs/img/trpo_pendulum_seeds.png"))
     ap.add_argument("--json", action="store_true", help="(the summary is always JSON on stdout)")
-    args = ap.parse_args()
+    args = ap.parse_args(argv)
     seeds = list(range(args.first_seed, args.first_seed + args.seeds))
     outside = [s for s in seeds if s not in tuning]
     if outside:  # the diagnosis may look at tuning seeds only

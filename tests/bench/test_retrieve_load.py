@@ -1,18 +1,14 @@
-"""benchmarks/retrieve_load.py end to end on the small world: a real serve-search process,
-clean and hostile phases, no errors, every hostile kind answered within its bounds."""
+"""benchmarks/retrieve_load.py (provrl/bench/retrieve_load.py) end to end on the small world:
+a real serve-search process, clean and hostile phases, no errors, every hostile kind answered
+within its bounds."""
 
 from __future__ import annotations
 
-import importlib.util
-from pathlib import Path
+import importlib
 
 
 def test_load_benchmark_runs_with_zero_errors(small_world):
-    path = Path(__file__).parents[2] / "benchmarks" / "retrieve_load.py"
-    spec = importlib.util.spec_from_file_location("retrieve_load", path)
-    assert spec is not None and spec.loader is not None
-    bench = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(bench)
+    bench = importlib.import_module("provrl.bench.retrieve_load")
     r = bench.run(small_world, concurrency=4, requests=72, repeats=1, hostile=0.5, progress=False)
     assert r["errors_total"] == 0, r["error_kinds"]
     assert set(r["hostile"]) == set(bench.hostile_bodies(small_world))

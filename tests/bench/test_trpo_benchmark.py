@@ -1,9 +1,8 @@
-"""benchmarks/trpo_vs_sb3.py: target_met and the refusal of tuning seeds (no training)."""
+"""benchmarks/trpo_vs_sb3.py (provrl/bench/trpo_vs_sb3.py): target_met and the refusal of tuning seeds (no training)."""
 
 from __future__ import annotations
 
-import importlib.util
-from pathlib import Path
+import importlib
 
 import pytest
 
@@ -11,12 +10,7 @@ from provrl.config import ConfigError
 
 
 def load_bench():
-    path = Path(__file__).parents[2] / "benchmarks" / "trpo_vs_sb3.py"
-    spec = importlib.util.spec_from_file_location("trpo_vs_sb3", path)
-    assert spec is not None and spec.loader is not None
-    bench = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(bench)
-    return bench
+    return importlib.import_module("provrl.bench.trpo_vs_sb3")
 
 
 def test_target_needs_ten_seeds_the_interval_above_the_peer_mean_and_half_the_time():

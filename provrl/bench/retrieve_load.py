@@ -265,7 +265,7 @@ def run(
     }
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__)
     ap.add_argument("--world", type=Path, default=None, help="world dir (default world)")
     ap.add_argument("--concurrency", type=int, default=32)
@@ -273,7 +273,7 @@ def main() -> None:
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--hostile", type=float, default=0.1, help="hostile fraction (mixed)")
     ap.add_argument("--json", action="store_true", help="print JSON only")
-    args = ap.parse_args()
+    args = ap.parse_args(argv)
     world = ensure_world(WorldConfig(), args.world)
     result = run(world, args.concurrency, args.requests, args.repeats, args.hostile, not args.json)
     if args.json:
