@@ -55,7 +55,7 @@ def report(
     run_dir: Annotated[Path, typer.Argument(help="A run directory (logging.run_dir).")],
 ) -> None:
     """(Re)write RUN/report/report.md and its PNGs from a run directory, and print it."""
-    from provrl.pipeline.report import write_report
+    from provrl.pipeline.run_report import write_report
 
     if not run_dir.is_dir():
         raise typer.BadParameter(f"{run_dir}: no such run directory")

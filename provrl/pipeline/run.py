@@ -159,7 +159,7 @@ def run_pipeline(cfg: RunConfig, run_dir: str | Path, *, progress: bool = True) 
     run.mark_done("eval", results)
 
     # report ------------------------------------------------------------------------------------
-    from provrl.pipeline.report import write_report
+    from provrl.pipeline.run_report import write_report
 
     report = write_report(run.root)
     run.mark_done("report", {"path": str(report)})

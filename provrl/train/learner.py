@@ -2,7 +2,7 @@
 the policy, plus what a run needs around it — restore from a checkpoint, save one.
 
 Two implementations with one surface (the :class:`Learner` protocol), chosen by
-``provrl.distributed.make_learner`` from the run config's ``backend``:
+``provrl.pipeline.engines.make_learner`` from the run config's ``engine.backend``:
 
 * :class:`LocalLearner` — in this process, over the model the caller loaded;
 * :class:`provrl.distributed.trainer.RayLearner` — in a Ray actor (its own process and copy

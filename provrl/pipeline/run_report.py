@@ -5,8 +5,8 @@ Sections: held-out test accuracy and tool calls per solved task for every evalua
 paired over tasks); the probe-and-filter verdict; RL curves (reward, batch accuracy, tool
 calls per step); the version-lag histogram of trained tokens; importance-weight statistics
 (ESS of w(τ), KL(q‖π), clip fraction); engine and trainer throughput and idle fractions;
-with ``backend: ray``, versions per replica over time and the fault counters
-(:mod:`provrl.distributed.report`); wall time per stage; one mixed-version trajectory,
+with ``engine.backend: ray``, versions per replica over time and the fault counters
+(:mod:`provrl.distributed.fleet_report`); wall time per stage; one mixed-version trajectory,
 token by token.
 """
 
@@ -151,7 +151,7 @@ def write_report(run_dir: str | Path) -> Path:
             f"generated tokens/s, mean batch occupancy {c.get('mean_batch_occupancy', 0):.1f}",
             "",
         ]
-        from provrl.distributed.report import ray_section  # backend: ray only
+        from provrl.distributed.fleet_report import ray_section  # engine.backend: ray only
 
         md += ray_section(run, rl, steps, out)
 

@@ -1,8 +1,8 @@
 """The run report's Ray section: versions per replica over time, the fault counters, and
 each replica's share of the trained tokens (read back from the trajectory log).
 
-Written by ``provrl report`` when the RL stage ran on ``backend: ray`` (its ``done.json``
-holds ``ray``: :func:`provrl.distributed.rollout.fleet_summary`).
+Written by ``provrl report`` when the RL stage ran on ``engine.backend: ray`` (its ``done.json``
+holds ``ray``: :func:`provrl.distributed.factory.fleet_summary`).
 """
 
 from __future__ import annotations
