@@ -31,5 +31,16 @@ trpo_pendulum_seeds.py the seed spread of TRPO on Pendulum-v1           benchmar
 The room sits above the pipeline (the end-to-end benchmarks run it) and only the command line
 imports it. Settings of ``provrl bench …``: the ``bench`` section of the run config
 (:mod:`provrl.run_config.bench`); its command line is :mod:`provrl.cli.bench`. The other
-benchmarks take their own ``--help`` flags.
+benchmarks take their own ``--help`` flags. Names load on first use.
 """
+
+from provrl._lazy import lazy_exports
+
+_EXPORTS = {
+    "run_engine_benchmark": "provrl.bench.engine",
+    "run_search_benchmark": "provrl.bench.search",
+    "run_log_benchmark": "provrl.bench.log",
+    "run_logprob_benchmark": "provrl.bench.logprobs",
+}
+__all__ = list(_EXPORTS)
+__getattr__, __dir__ = lazy_exports(__name__, _EXPORTS)
