@@ -5,7 +5,7 @@ created by :meth:`Engine.submit` with a prompt, generates one turn, then waits (
 kept) until :meth:`Engine.submit_continue` appends more context (the tool output, as
 non-action tokens) and generates the next turn on the same cache, or until
 :meth:`Engine.release` frees it. Every sampled token comes back with its provenance stamps
-(DESIGN.md §2): version, exact behaviour logprob, kept mass, KV versions, replica.
+(docs/provenance.md): version, exact behaviour logprob, kept mass, KV versions, replica.
 
 Backends: ``provrl.engine.local`` (PyTorch, CPU/GPU), ``provrl.engine.vllm_backend`` and the
 replica router, which is itself an :class:`Engine`; an :class:`EngineFactory` builds one.
