@@ -23,6 +23,15 @@ import statistics
 from pathlib import Path
 from typing import Any
 
+from provrl.config import load_config
+from provrl.env.build import ensure_world
+from provrl.pipeline.rl_loop import run_rl
+from provrl.pipeline.run import run_pipeline
+from provrl.pipeline.rundir import RunDir
+from provrl.pipeline.stages import load_pool
+from provrl.rollout.evaluate import evaluate
+from provrl.run_config.run import RunConfig
+
 
 def main(argv: list[str] | None = None) -> dict[str, Any]:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
@@ -37,15 +46,6 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     ap.add_argument("--set", dest="overrides", action="append", default=[])
     ap.add_argument("--json", action="store_true")
     args = ap.parse_args(argv)
-
-    from provrl.config import load_config
-    from provrl.env.build import ensure_world
-    from provrl.pipeline.rl_loop import run_rl
-    from provrl.pipeline.run import run_pipeline
-    from provrl.pipeline.rundir import RunDir
-    from provrl.pipeline.stages import load_pool
-    from provrl.rollout.evaluate import evaluate
-    from provrl.run_config import RunConfig
 
     sets = [*args.overrides, f"pipeline.loop.steps={args.steps}", "pipeline.eval.policies=[]"]
     if args.model:

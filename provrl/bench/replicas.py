@@ -38,6 +38,19 @@ import statistics
 import time
 from typing import Any
 
+from provrl.bench.engine import bench_prompts, engine_run
+from provrl.distributed.config import RayConfig
+from provrl.distributed.engine import RayEngine
+from provrl.engine.config import EngineConfig
+from provrl.engine.local import LocalEngine
+from provrl.env.build import ensure_world, load_split
+from provrl.env.config import EnvConfig, WorldConfig
+from provrl.models.loading import load_model
+from provrl.provenance import SamplingParams
+from provrl.rollout.collector import Collector
+from provrl.rollout.setup import build_env
+from provrl.trajlog import TrajectoryWriter, read_all
+
 EPISODE_TOKENS = 800
 """Token budget of an episode in the episode kill phase (sizes the engines' KV slots)."""
 
@@ -48,8 +61,6 @@ def median(xs: list[float]) -> float:
 
 def run_batch(engine: Any, prompts: list[list[int]], new_tokens: int, seed: int) -> tuple[int, float]:  # fmt: skip
     """Submit every prompt at once; (tokens sampled, seconds until the last turn ended)."""
-    from provrl.bench.engine import engine_run
-
     outs, dt = engine_run(engine, prompts, new_tokens, seed)
     return sum(len(o.token_ids) for o in outs), dt
 
@@ -66,8 +77,6 @@ def _plain_replica(model: str, cfg: dict[str, Any], prompts: list[list[int]], ne
     import torch
 
     torch.set_num_threads(1)
-    from provrl.engine import EngineConfig, LocalEngine
-    from provrl.models import load_model
 
     with LocalEngine(load_model(model), EngineConfig(**cfg)) as eng:
         run_batch(eng, prompts[:4], 4, seed=0)  # warm-up
@@ -144,8 +153,6 @@ def hotload_phase(
     """Swaps under load, alternating schedules; per schedule and mode the medians."""
     from concurrent.futures import ThreadPoolExecutor
 
-    from provrl.provenance import SamplingParams
-
     rows: dict[str, dict[str, list[float]]] = {}
     version = eng.version
     for mode in ("keep", "drain"):
@@ -192,8 +199,6 @@ def kill_phase(
     eng: Any, prompts: list[list[int]], new_tokens: int, victim: int = 1
 ) -> dict[str, Any]:
     """The same batch undisturbed and with one replica killed while it generates."""
-    from provrl.provenance import SamplingParams
-
     _, undisturbed = run_batch(eng, prompts, new_tokens, seed=7)
     s0 = eng.stats()
     t = time.perf_counter()
@@ -233,12 +238,6 @@ def episode_kill_phase(eng: Any, lm: Any, tasks: int, k: int, concurrency: int) 
     import tempfile
     import threading
     from pathlib import Path
-
-    from provrl.env.build import ensure_world, load_split
-    from provrl.env.config import EnvConfig, WorldConfig
-    from provrl.rollout.collector import Collector
-    from provrl.rollout.setup import build_env
-    from provrl.trajlog import TrajectoryWriter, read_all
 
     world = ensure_world(WorldConfig(seed=7, entities=300, docs=800, tasks=240))
     env_cfg = EnvConfig()
@@ -307,12 +306,6 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     # machine that is other people's processes; the figures here are about our own faults
     os.environ.setdefault("RAY_memory_monitor_refresh_ms", "0")
     import torch
-
-    from provrl.bench.engine import bench_prompts
-    from provrl.distributed.config import RayConfig
-    from provrl.distributed.engine import RayEngine
-    from provrl.engine import EngineConfig, LocalEngine
-    from provrl.models import load_model
 
     say = (lambda m: None) if args.json else print
     lm = load_model(args.model)

@@ -41,6 +41,8 @@ import numpy as np
 
 from provrl.env.build import ensure_world, load_split
 from provrl.env.config import WorldConfig
+from provrl.env.search import MAX_QUERY_TERMS, STOPWORDS
+from provrl.env.sqlite_index import SqliteSearch, cached_index
 
 JSON_HEADERS = {"content-type": "application/json"}
 
@@ -57,9 +59,6 @@ async def _stream(total: int, chunk: int = 1 << 16) -> Any:
 def hostile_bodies(world: Path) -> dict[str, Any]:
     """The hostile request bodies of issue 13 (``"stream"``: an 8 MB streamed body), plus
     the heaviest query the bounds still serve: the index's 64 most common words."""
-    from provrl.env.search import MAX_QUERY_TERMS, STOPWORDS
-    from provrl.env.sqlite_index import SqliteSearch, cached_index
-
     s = SqliteSearch(cached_index(world))
     common = [t for t in sorted(s.common, key=lambda t: -s.common[t]) if t not in STOPWORDS]
     s.close()

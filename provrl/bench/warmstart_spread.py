@@ -33,6 +33,12 @@ import time
 from pathlib import Path
 from typing import Any
 
+from provrl.env.build import ensure_world, load_split
+from provrl.env.config import EnvConfig
+from provrl.rollout.evaluate import evaluate, select_tasks
+from provrl.train.config import SFTConfig
+from provrl.train.sft import load_traces, run_sft, select_traces
+
 TIERS = (1, 2, 3, 4)
 
 
@@ -66,9 +72,6 @@ def probe(
 ) -> dict[str, Any]:
     """k samples per task on ``tasks_per_tier`` dev tasks of each tier (one evaluate call
     per tier, so each tier gets its own n)."""
-    from provrl.env.config import EnvConfig
-    from provrl.rollout.evaluate import evaluate
-
     rows: dict[str, Any] = {}
     wall = 0.0
     for tier in args.tiers:
@@ -164,12 +167,6 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
             curves |= _curves(r, "")
         print(plot_k_histograms(curves, results[0]["probe"]["k"], args.png))
         return {"png": str(args.png)}
-
-    from provrl.env.build import ensure_world, load_split
-    from provrl.env.config import EnvConfig
-    from provrl.rollout.evaluate import evaluate, select_tasks
-    from provrl.train.config import SFTConfig
-    from provrl.train.sft import load_traces, run_sft, select_traces
 
     out: Path = args.out
     out.mkdir(parents=True, exist_ok=True)

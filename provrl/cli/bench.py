@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import TYPE_CHECKING, Annotated, Any
+from typing import Annotated, Any
 
 import typer
 
@@ -20,9 +20,7 @@ from provrl.run_config.bench import (
     LogprobBenchConfig,
     SearchBenchConfig,
 )
-
-if TYPE_CHECKING:
-    from provrl.run_config import RunConfig
+from provrl.run_config.run import RunConfig
 
 app = typer.Typer(help="Benchmarks (each prints JSON with --json).", no_args_is_help=True)
 JsonOpt = Annotated[bool, typer.Option("--json", help="Print JSON only (one line).")]

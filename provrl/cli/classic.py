@@ -16,6 +16,11 @@ from typing import Annotated, Any
 
 import typer
 
+from provrl.classic.config import config_for
+from provrl.config import ConfigError, deep_merge, dump_config, load_config, parse_overrides
+from provrl.extras import require
+from provrl.run_config.run import RunConfig
+
 
 def trpo(
     env: Annotated[str, typer.Option(help="gymnasium environment id.")] = "CartPole-v1",
@@ -48,15 +53,10 @@ def trpo(
     ] = False,
 ) -> None:
     """Train TRPO on a gymnasium environment; write metrics, a learning curve and the agent."""
-    from provrl.extras import require
-
     require("gymnasium", "classic", "provrl trpo")
-    from provrl.classic.config import config_for
     from provrl.classic.plot import plot_learning_curve
     from provrl.classic.train import evaluate, save_agent, train
-    from provrl.config import ConfigError, deep_merge, dump_config, load_config, parse_overrides
     from provrl.report.metrics import MetricsWriter
-    from provrl.run_config import RunConfig
 
     try:
         overrides: dict[str, Any] = {}

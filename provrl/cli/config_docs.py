@@ -16,6 +16,8 @@ from typing import Any
 
 from pydantic import BaseModel
 
+from provrl.run_config.run import RunConfig
+
 DOC = Path(__file__).resolve().parents[2] / "docs" / "config.md"
 
 HEADER = """# Configuration keys (generated)
@@ -79,8 +81,6 @@ def rows(cls: type[BaseModel], prefix: str = "") -> Iterator[tuple[str, str, str
 def render(cls: type[BaseModel] | None = None) -> str:
     """The whole page: one table per top-level section of ``RunConfig``."""
     if cls is None:
-        from provrl.run_config import RunConfig
-
         cls = RunConfig
     out = [HEADER]
     leaves = []

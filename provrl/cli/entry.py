@@ -30,12 +30,15 @@ from typing import Annotated, Any
 import typer
 from typer.exceptions import TyperException
 
+from provrl._sys import cache_dir
+from provrl.cli import config_docs as cd
 from provrl.cli.bench import app as bench_app
 from provrl.cli.classic import trpo
 from provrl.cli.env import eval_cmd, index_cmd, serve_search, world
 from provrl.cli.pipeline import filter_cmd, probe, report, run
 from provrl.cli.sft import sft
 from provrl.cli.theory import app as theory_app
+from provrl.extras import require
 
 app = typer.Typer(
     help="provrl: RL post-training of tool-using LLM agents with exact per-token provenance. "
@@ -68,7 +71,6 @@ def models_list() -> None:
     from rich.console import Console
     from rich.table import Table
 
-    from provrl._sys import cache_dir
     from provrl.models.loading import MODELS
 
     table = Table("name", "description", "cached")
@@ -90,7 +92,8 @@ def models_check(
     """Load a model, answer a question greedily, print the answer and tokens/s."""
     import torch
 
-    from provrl.models import chat_ids, load_model, stop_token_ids
+    from provrl.models.chat import chat_ids, stop_token_ids
+    from provrl.models.loading import load_model
 
     t0 = time.perf_counter()
     lm = load_model(name, dtype=dtype)
@@ -148,8 +151,6 @@ def trajectories_export(
     ] = "parquet",
 ) -> None:
     """Export a trajectory log as Parquet (pandas, polars, DuckDB, datasets read it)."""
-    from provrl.extras import require
-
     if fmt != "parquet":
         raise typer.BadParameter(f"--format {fmt!r}: only parquet")
     require("pyarrow", "export", "provrl trajectories export")
@@ -167,8 +168,6 @@ def config_docs(
     ] = False,
 ) -> None:
     """Write docs/config.md: every config key with its TRL / verl name, default and meaning."""
-    from provrl.cli import config_docs as cd
-
     if check:
         if not cd.is_current():
             typer.echo(f"{cd.DOC}: out of date — run `provrl config-docs`", err=True)

@@ -9,15 +9,14 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import TYPE_CHECKING, Annotated, Any
+from typing import Annotated, Any
 
 import typer
 
 from provrl.cli.options import config_options
 from provrl.env.config import WorldConfig
-
-if TYPE_CHECKING:
-    from provrl.run_config import RunConfig
+from provrl.extras import require
+from provrl.run_config.run import RunConfig
 
 JsonOpt = Annotated[bool, typer.Option("--json", help="Print the summary as JSON.")]
 WorldOpt = Annotated[
@@ -99,8 +98,6 @@ def serve_search(
 ) -> None:
     """Serve the search index over HTTP with the Search-R1 / FlashRAG /retrieve protocol
     (the world's index, or --index of `provrl index docs.jsonl`)."""
-    from provrl.extras import require
-
     for module in ("fastapi", "uvicorn"):
         require(module, "serve", "provrl serve-search")
     from provrl.env.build import ensure_world

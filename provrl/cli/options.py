@@ -37,7 +37,7 @@ from pydantic import BaseModel
 from pydantic.fields import FieldInfo
 
 from provrl.config import FlagError, load_config
-from provrl.run_config import RunConfig
+from provrl.run_config.run import RunConfig
 
 F = TypeVar("F", bound=Callable[..., Any])
 

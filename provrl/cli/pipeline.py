@@ -7,6 +7,10 @@ from typing import Annotated
 
 import typer
 
+from provrl.config import ConfigError, load_config
+from provrl.env.tasks import read_task_file
+from provrl.run_config.run import RunConfig
+
 
 def run(
     preset: Annotated[
@@ -34,9 +38,7 @@ def run(
     """The main job: world → warm start → probe → filter → RL (sync or async with hot-load)
     → held-out eval → report. Each stage is skipped when its output exists in the run
     directory (logging.run_dir), so the same command resumes a killed run."""
-    from provrl.config import ConfigError, load_config
     from provrl.pipeline.run import run_pipeline
-    from provrl.run_config import RunConfig
 
     if resume is not None:
         if not (resume / "config.yaml").is_file():
@@ -98,14 +100,11 @@ def probe(
     the provenance log, and a manifest of policy, tools, sampling and prompt."""
     import json
 
-    from provrl.config import load_config
     from provrl.env.build import ensure_world, load_split
-    from provrl.env.tasks import read_task_file
     from provrl.filtering import K_TABLE_HEADER, format_k_table
     from provrl.pipeline.engines import stage_engine_config
     from provrl.pipeline.probe import format_transitions, run_filter, run_probe
     from provrl.rollout.evaluate import select_tasks
-    from provrl.run_config import RunConfig
 
     cfg = load_config(RunConfig, preset, overrides or [])
     world_dir = ensure_world(cfg.env.world)

@@ -17,14 +17,12 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import TYPE_CHECKING, Annotated
+from typing import Annotated
 
 import typer
 
 from provrl.cli.options import config_options
-
-if TYPE_CHECKING:
-    from provrl.run_config import RunConfig
+from provrl.run_config.run import RunConfig
 
 SFT_FLAGS = (
     "selection",

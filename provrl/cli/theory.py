@@ -17,14 +17,12 @@ import shutil
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import TYPE_CHECKING, Annotated, Any
+from typing import Annotated, Any
 
 import typer
 
 from provrl.cli.options import config_options
-
-if TYPE_CHECKING:
-    from provrl.run_config import RunConfig
+from provrl.run_config.run import RunConfig
 
 app = typer.Typer(
     help="Exact TRPO theory on tabular MDPs: bounds, MM iteration, mixed-version IS.",

@@ -3,16 +3,14 @@ summary records about the fleet it built (:func:`fleet_summary`)."""
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from provrl.distributed.config import RayConfig
 from provrl.distributed.engine import RayEngine
 from provrl.engine.api import Engine
 from provrl.engine.config import EngineConfig
 from provrl.extras import require
-
-if TYPE_CHECKING:
-    from provrl.models.loading import LoadedModel
+from provrl.models.loading import LoadedModel
 
 FLEET_FAULTS = ("deaths", "restarts", "turns_resubmitted", "turns_failed", "requests_reprefilled")
 """Fault counters the RL stage summary keeps (fleet totals and per replica)."""

@@ -14,13 +14,13 @@ from typing import Any
 
 import numpy as np
 
+from provrl.trajlog import read_trajectories
+
 
 def trained_tokens_per_replica(log: Path, trained: set[str]) -> tuple[Counter[int], Counter[int]]:
     """(action tokens, trajectories) per replica over the trajectories in ``trained``, from
     the per-token ``replica`` stamps of the log (a trajectory counts for every replica that
     sampled one of its tokens)."""
-    from provrl.trajlog import read_trajectories
-
     tokens: Counter[int] = Counter()
     trajs: Counter[int] = Counter()
     if not log.is_file():

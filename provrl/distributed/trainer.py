@@ -27,6 +27,7 @@ from typing import TYPE_CHECKING, Any
 
 from provrl._sys import release_memory
 from provrl.distributed.config import RayConfig
+from provrl.distributed.engine import connect
 from provrl.distributed.weights import PackedWeights, Published, pack_state_dict
 from provrl.models.loading import LoadedModel
 from provrl.provenance import Trajectory
@@ -112,8 +113,6 @@ class RayLearner:
         (``ray.trainer_threads``, 0 = this process's count)."""
         import ray
         from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
-
-        from provrl.distributed.engine import connect
 
         self._started_ray = connect(cfg)
         if threads <= 0:

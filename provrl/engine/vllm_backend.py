@@ -67,6 +67,7 @@ from provrl.engine.api import (
 from provrl.engine.checks import check_continuation, check_ids, check_params, check_prompt
 from provrl.engine.config import EngineConfig
 from provrl.engine.stops import StopMatcher
+from provrl.models.chat import stop_token_ids
 from provrl.provenance import NO_VERSION, UNKNOWN_VERSION, SamplingParams
 
 if TYPE_CHECKING:  # models.loading imports torch, which vLLM brings in its own process
@@ -257,7 +258,6 @@ class VLLMEngine:
         self._shapes = {k: tuple(v.shape) for k, v in lm.model.state_dict().items()}
         if self.tied:
             self._shapes.pop("lm_head.weight", None)
-        from provrl.models.chat import stop_token_ids
 
         self.eos_ids = frozenset(stop_token_ids(self.tokenizer)) if cfg.eos_stops else frozenset()
         self._version = version

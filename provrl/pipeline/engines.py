@@ -26,7 +26,7 @@ from provrl.engine.api import Engine, EngineFactory
 from provrl.engine.config import EngineConfig
 from provrl.engine.factory import make_engine
 from provrl.models.loading import LoadedModel
-from provrl.run_config import RunConfig
+from provrl.run_config.run import RunConfig
 from provrl.train.learner import Learner, LocalLearner
 
 

@@ -61,7 +61,7 @@ from provrl.provenance import Trajectory
 from provrl.report.metrics import MetricsWriter
 from provrl.rollout.collector import Collector, Group
 from provrl.rollout.setup import build_env
-from provrl.run_config import RunConfig
+from provrl.run_config.run import RunConfig
 from provrl.trajlog import TrajectoryWriter, read_trajectories
 
 

@@ -28,17 +28,26 @@ import numpy as np
 
 from provrl._sys import release_memory
 from provrl.config import ConfigError, dump_config, load_config, old_name
-from provrl.env.tasks import Task
+from provrl.env.build import ensure_world, load_split
+from provrl.env.oracle import run_oracle
+from provrl.env.tasks import Task, read_task_file
+from provrl.models.loading import load_tokenizer
+from provrl.pipeline import stages
 from provrl.pipeline.engines import engine_factory
+from provrl.pipeline.rl_loop import run_rl
+from provrl.pipeline.run_report import write_report
 from provrl.pipeline.rundir import RunDir
-from provrl.run_config import RunConfig
+from provrl.rollout.agent import oracle_trajectory
+from provrl.rollout.evaluate import select_tasks
+from provrl.rollout.setup import agent_tools
+from provrl.run_config.run import RunConfig
+from provrl.train.sft import run_sft
+from provrl.trajlog import TrajectoryWriter
 
 
 def slices(train: list[Task], test: list[Task], cfg: RunConfig) -> dict[str, list[Task]]:
     """The disjoint task slices of a run: warm start and probe from train, eval from test,
     all restricted to ``pipeline.tasks.tiers``."""
-    from provrl.rollout.evaluate import select_tasks
-
     s = cfg.pipeline.tasks
     pool = [t for t in train if t.tier in s.tiers]
     rng = np.random.default_rng([s.seed, 11])
@@ -51,8 +60,6 @@ def slices(train: list[Task], test: list[Task], cfg: RunConfig) -> dict[str, lis
     warm = pool[: s.warmstart] if cfg.pipeline.warmstart else []
     probe = pool[s.warmstart : s.warmstart + s.probe]
     if s.file is not None:
-        from provrl.env.tasks import read_task_file
-
         probe = read_task_file(s.file, split="train")
         overlap = {t.question for t in probe} & {t.question for t in test}
         if overlap:
@@ -67,8 +74,6 @@ def slices(train: list[Task], test: list[Task], cfg: RunConfig) -> dict[str, lis
 def run_pipeline(cfg: RunConfig, run_dir: str | Path, *, progress: bool = True) -> dict[str, Any]:
     """Run (or resume) every stage of ``cfg`` in ``run_dir``; returns the final summary."""
     import torch
-
-    from provrl.env.build import ensure_world, load_split
 
     run = RunDir(run_dir)
     run.root.mkdir(parents=True, exist_ok=True)
@@ -105,7 +110,6 @@ def run_pipeline(cfg: RunConfig, run_dir: str | Path, *, progress: bool = True) 
     warm_policy = policy
 
     # probe and filter ----------------------------------------------------------------------
-    from provrl.pipeline import stages
 
     probe = _stage(
         run,
@@ -125,7 +129,6 @@ def run_pipeline(cfg: RunConfig, run_dir: str | Path, *, progress: bool = True) 
         policy = done["checkpoint"]
 
     # RL --------------------------------------------------------------------------------------
-    from provrl.pipeline.rl_loop import run_rl
 
     pool = [t for name in cfg.pipeline.rl_pools for t in stages.load_pool(run, name)]
     rl = _stage(
@@ -159,7 +162,6 @@ def run_pipeline(cfg: RunConfig, run_dir: str | Path, *, progress: bool = True) 
     run.mark_done("eval", results)
 
     # report ------------------------------------------------------------------------------------
-    from provrl.pipeline.run_report import write_report
 
     report = write_report(run.root)
     run.mark_done("report", {"path": str(report)})
@@ -185,13 +187,6 @@ def warm_start(
     cfg: RunConfig, run: RunDir, world_dir: Path, tasks: list[Task], progress: bool
 ) -> dict[str, Any]:
     """Oracle traces of ``tasks`` (teacher data, labelled as such) → SFT of the base model."""
-    from provrl.env.oracle import run_oracle
-    from provrl.models import load_tokenizer
-    from provrl.rollout.agent import oracle_trajectory
-    from provrl.rollout.setup import agent_tools
-    from provrl.train.sft import run_sft
-    from provrl.trajlog import TrajectoryWriter
-
     d = run.stage("warmstart")
     a = cfg.env.agent
     tools = agent_tools(world_dir, cfg.env, shots=False)  # teacher traces have no shots

@@ -20,8 +20,11 @@ from typing import Any
 
 import numpy as np
 
+from provrl.distributed.fleet_report import ray_section
+from provrl.models.loading import load_tokenizer
 from provrl.pipeline.rl_loop import read_steps
 from provrl.pipeline.stages import paired_difference, solved_efficiency
+from provrl.trajlog import read_all, read_trajectories
 
 nan = float("nan")
 
@@ -54,8 +57,6 @@ def write_report(run_dir: str | Path) -> Path:
     names = [n for n in ORDER if n in ev and isinstance(ev[n], dict)]
     for n in names:
         if "task_accuracy" not in ev[n] and (run / "eval" / n / "trajectories.jsonl").is_file():
-            from provrl.trajlog import read_all
-
             ev[n] |= solved_efficiency(read_all(run / "eval" / n / "trajectories.jsonl"))
     if names:
         md += [
@@ -151,7 +152,6 @@ def write_report(run_dir: str | Path) -> Path:
             f"generated tokens/s, mean batch occupancy {c.get('mean_batch_occupancy', 0):.1f}",
             "",
         ]
-        from provrl.distributed.fleet_report import ray_section  # engine.backend: ray only
 
         md += ray_section(run, rl, steps, out)
 
@@ -211,8 +211,6 @@ def _mixed_trajectory(run: Path) -> str | None:
         return None
     import warnings
 
-    from provrl.trajlog import read_trajectories
-
     best = None
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
@@ -229,7 +227,6 @@ def _mixed_trajectory(run: Path) -> str | None:
         if line.strip().startswith("name:"):
             name = line.split(":", 1)[1].strip()
             break
-    from provrl.models import load_tokenizer
 
     tok = load_tokenizer(name)
     parts, start = [], int(np.argmax(best.is_action))  # skip the prompt

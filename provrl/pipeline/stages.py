@@ -17,8 +17,13 @@ import numpy as np
 from provrl.engine.api import EngineFactory
 from provrl.env.tasks import Task, load_tasks
 from provrl.pipeline.engines import stage_engine_config
+from provrl.pipeline.probe import check_fresh as check
+from provrl.pipeline.probe import current_manifest, run_filter, run_probe
 from provrl.pipeline.rundir import RunDir
-from provrl.run_config import RunConfig
+from provrl.rollout.evaluate import evaluate
+from provrl.run_config.run import RunConfig
+from provrl.train.sft import run_sft
+from provrl.trajlog import read_all
 
 
 def probe(
@@ -32,8 +37,6 @@ def probe(
 ) -> dict[str, Any]:
     """k samples per task with the current policy and tools, into ``RUN/probe`` (a probe
     directory, :mod:`provrl.pipeline.probe`; resumable)."""
-    from provrl.pipeline.probe import run_probe
-
     loop = cfg.pipeline.loop
     out = run_probe(
         policy,
@@ -56,8 +59,6 @@ def probe(
 def filter_pools(cfg: RunConfig, run: RunDir) -> dict[str, Any]:
     """The probe's tasks into kept / unsolved / solved (``pipeline.filter`` band), with the
     retention report, into ``RUN/filter``."""
-    from provrl.pipeline.probe import run_filter
-
     f = cfg.pipeline.filter
     out = run_filter(
         run.root / "probe", run.stage("filter"), lo=f.min_successes, hi=f.max_successes, report=True
@@ -73,9 +74,6 @@ def load_pool(run: RunDir, name: str) -> list[Task]:
 def check_fresh(cfg: RunConfig, run: RunDir, policy: str, world_dir: Path) -> list[str]:
     """Refuse pools probed with another policy or tool configuration than the RL stage will
     use (unless ``pipeline.allow_stale_pools``)."""
-    from provrl.pipeline.probe import check_fresh as check
-    from provrl.pipeline.probe import current_manifest
-
     now = current_manifest(
         policy, world_dir, cfg.env, k=cfg.pipeline.loop.k, seed=cfg.seed, dtype=cfg.model.dtype
     )
@@ -88,8 +86,6 @@ def self_sft(
 ) -> dict[str, Any]:
     """SFT of ``policy`` on its own successful probe traces, the one with the fewest tool
     calls per task (labelled policy data)."""
-    from provrl.train.sft import run_sft
-
     d = run.stage("selfsft")
     sft_cfg = cfg.sft.model_copy(update={"selection": "fewest_tool_calls", "max_per_task": 1})
     out = run_sft(
@@ -116,8 +112,6 @@ def evaluate_policy(
 ) -> dict[str, Any]:
     """Evaluate ``policy`` on the eval slice of the test split, k samples per task, with
     binomial standard errors; resumable (samples in the log are not rerun)."""
-    from provrl.rollout.evaluate import evaluate
-
     e = cfg.pipeline.eval
     env_cfg = _env_for(cfg, concurrency=e.concurrency)
     env_cfg.agent.temperature = e.temperature
@@ -134,7 +128,6 @@ def evaluate_policy(
         engine_cfg=stage_engine_config(cfg, e.concurrency),
         make_engine=engines,
     )
-    from provrl.trajlog import read_all
 
     trajs = read_all(run.root / "eval" / name / "trajectories.jsonl")
     return out | binomial_summary(out) | solved_efficiency(trajs)

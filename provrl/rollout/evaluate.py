@@ -167,7 +167,7 @@ def evaluate(
     trajs: list[Trajectory] = []
     log = run / "trajectories.jsonl"
     if policy == "oracle":
-        from provrl.models import load_tokenizer
+        from provrl.models.loading import load_tokenizer
 
         log.unlink(missing_ok=True)  # deterministic and instant: always redone whole
         bar = _progress(len(tasks), policy, progress)
@@ -186,7 +186,7 @@ def evaluate(
             "oracle", "oracle-v1", {"deterministic": True, "tokenizer": tokenizer_identity(tok)}
         )
     else:
-        from provrl.models import load_model
+        from provrl.models.loading import load_model
 
         # resume: samples already in the log (same ids, same seeds) are reused, never rerun
         done = list(read_trajectories(log)) if log.is_file() else []

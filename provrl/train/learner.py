@@ -131,7 +131,7 @@ class LocalLearner:
     def save(self, path: str | os.PathLike[str], **meta: Any) -> None:
         import torch
 
-        from provrl.models import save_checkpoint
+        from provrl.models.checkpoint import save_checkpoint
 
         save_checkpoint(self.lm.model, self.lm.tokenizer, path, **meta)
         t = self.trainer
