@@ -4,7 +4,7 @@ TRL and verl give the same quantity (``provrl.config.peer_names``), its default 
     provrl config-docs            # rewrite docs/config.md
     provrl config-docs --check    # exit 1 if docs/config.md is not what the code says
 
-(``tests/test_config_docs.py`` runs the check, so a field changed without the doc fails CI.)
+(``tests/cli/test_config_docs.py`` runs the check, so a field changed without the doc fails CI.)
 """
 
 from __future__ import annotations

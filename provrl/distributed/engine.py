@@ -52,7 +52,7 @@ def _env(name: str, value: str) -> Iterator[None]:
 def connect(cfg: RayConfig) -> bool:
     """Join ``cfg.address`` or start a local Ray instance; True if this call started it
     (the caller then shuts it down). An already initialised Ray is used as it is."""
-    require("ray", "ray", "backend: ray")
+    require("ray", "ray", "engine.backend: ray")
     import ray
 
     if ray.is_initialized():

@@ -1,4 +1,4 @@
-"""The trainer as a Ray actor (``backend: ray``): the learner in its own process.
+"""The trainer as a Ray actor (``engine.backend: ray``): the learner in its own process.
 
 :class:`TrainerActor` holds a :class:`~provrl.train.learner.LocalLearner` over its own copy
 of the policy (the model the replicas started from, taken from the object store). One RL
@@ -16,7 +16,7 @@ returns, so a kill at any point leaves either a complete checkpoint or none.
 
 The trainer's metrics are recorded in the actor (:class:`~provrl.train.learner.MetricsBuffer`)
 and replayed into the run's sink by the driver, so TensorBoard / W&B see the same series as
-with ``backend: local``.
+with ``engine.backend: local``.
 """
 
 from __future__ import annotations
