@@ -136,9 +136,10 @@ class RLLoop:
             loop.run_sync()        # or loop.run_async()
         summary = loop.finish()    # close the engine and the learner; the stage summary
 
-    :func:`run_rl` is exactly that. Everything the two loops share is an attribute; the
-    methods that change it — :meth:`submit_next`, :meth:`finish_step`, :meth:`drop_stale` —
-    run on the loop's thread; the learner thread runs only :meth:`train`."""
+    :meth:`run` (and :func:`run_rl`) is exactly that. Everything the two loops share is an
+    attribute; the methods that change it — :meth:`submit_next`, :meth:`finish_step`,
+    :meth:`drop_stale` — run on the loop's thread; the learner thread runs only
+    :meth:`train`."""
 
     def __init__(
         self,
@@ -155,7 +156,7 @@ class RLLoop:
         ``engines``, the run's engine factory; default
         :func:`~provrl.pipeline.engines.engine_factory`) and the learner, and read back what
         ``RUN/rl`` already holds (:meth:`resume_from_log`)."""
-        self.cfg, self.run, self.start_policy = cfg, run, start_policy
+        self.cfg, self.run_dir, self.start_policy = cfg, run, start_policy
         self.loop, self.rl_dir = cfg.pipeline.loop, run.stage("rl")
         self.order = TaskOrder(tasks, cfg.pipeline.tasks.seed + 1)
         self.by_id = {t.task_id: t for t in tasks}
@@ -330,7 +331,7 @@ class RLLoop:
         self.state.trainer_busy_s = self.trainer_busy
         write_json(final / "state.json", self.state.__dict__)
         (final / COMPLETE).write_text("")
-        self.run.prune_checkpoints(keep=1)
+        self.run_dir.prune_checkpoints(keep=1)
 
     def record(self, step_metrics: dict[str, Any], stats: dict[str, Any]) -> None:
         """One line of ``steps.jsonl`` and the batch statistics in the metrics sink."""
@@ -404,6 +405,15 @@ class RLLoop:
             background.shutdown(wait=True)
 
     # ------------------------------------------------------------------ the end
+    def run(self) -> dict[str, Any]:
+        """The whole stage: the loop ``pipeline.loop.mode`` names, then :meth:`finish`."""
+        with self:
+            if self.loop.mode == "sync":
+                self.run_sync()
+            else:
+                self.run_async()
+        return self.finish()
+
     def finish(self) -> dict[str, Any]:
         """Close the learner, the engine and the metrics sink; the stage summary."""
         self.bar.close()
@@ -415,7 +425,7 @@ class RLLoop:
         self.metrics.close()
         wall = time.perf_counter() - self.t_start
         session = time.perf_counter() - self.t_session
-        latest = self.run.latest_checkpoint()
+        latest = self.run_dir.latest_checkpoint()
         summary = {
             "mode": self.loop.mode,
             "steps": self.state.steps,
@@ -455,20 +465,12 @@ def run_rl(
     world_dir: Path,
     tasks: Sequence[Task],
     start_policy: str,
-    *,
-    progress: bool = True,
-    engines: EngineFactory | None = None,
+    **opts: Any,
 ) -> dict[str, Any]:
-    """Train ``start_policy`` with RL on ``tasks`` (see the module docstring); returns the
-    stage summary. Resumes from ``RUN/rl`` when it holds a checkpoint or a log. ``engines``:
-    the run's engine factory (default: :func:`~provrl.pipeline.engines.engine_factory`)."""
-    loop = RLLoop(cfg, run, world_dir, tasks, start_policy, progress=progress, engines=engines)
-    with loop:
-        if loop.loop.mode == "sync":
-            loop.run_sync()
-        else:
-            loop.run_async()
-    return loop.finish()
+    """Train ``start_policy`` with RL on ``tasks`` (see the module docstring) and return the
+    stage summary: :meth:`RLLoop.run`. Resumes from ``RUN/rl`` when it holds a checkpoint or a
+    log; ``opts``: ``progress``, ``engines`` (the run's engine factory)."""
+    return RLLoop(cfg, run, world_dir, tasks, start_policy, **opts).run()
 
 
 def _set_threads(n: int) -> None:

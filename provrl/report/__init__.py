@@ -9,6 +9,8 @@ from provrl._lazy import lazy_exports
 _EXPORTS = {
     "MetricsWriter": "provrl.report.metrics",
     "read_metrics": "provrl.report.metrics",
+    "plot_eval": "provrl.report.plots",
+    "plot_sft_loss": "provrl.report.plots",
     "show_trajectories": "provrl.report.show",
     "export_parquet": "provrl.report.export",
 }
