@@ -1,4 +1,5 @@
-"""benchmarks/trpo_vs_sb3.py (provrl/bench/trpo_vs_sb3.py): target_met and the refusal of tuning seeds (no training)."""
+"""benchmarks/trpo_vs_sb3.py (provrl/bench/trpo_vs_sb3.py): target_met and the refusal of
+tuning seeds (no training)."""
 
 from __future__ import annotations
 
