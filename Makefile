@@ -15,7 +15,7 @@ PYTEST_ARGS ?=
 
 help:
 	@echo "make demo      set up .venv and run the main job on the embedded defaults"
-	@echo "make test      set up .venv (+dev tools), lint, type-check, run the fast test suite"
+	@echo "make test      set up .venv (+dev tools), lint (+ the layer check), type-check, run the fast test suite"
 	@echo "make test-all  the same, including tests marked slow"
 	@echo "make bench     run every benchmark (prints JSON)"
 
@@ -41,6 +41,7 @@ demo: setup
 lint: setup-dev
 	$(VENV)/bin/ruff check provrl tests benchmarks examples
 	$(VENV)/bin/ruff format --check provrl tests benchmarks examples
+	$(VENV)/bin/lint-imports   # the layer order and no import cycles (pyproject.toml)
 
 typecheck: setup-dev
 	$(VENV)/bin/mypy

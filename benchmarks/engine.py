@@ -8,7 +8,7 @@ Same options as ``provrl bench engine`` (it is that command); prints one JSON ob
 
 import typer
 
-from provrl.bench.cli import bench_engine
+from provrl.cli.bench import bench_engine
 
 if __name__ == "__main__":
     typer.run(bench_engine)

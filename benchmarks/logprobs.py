@@ -6,7 +6,7 @@ batch, side by side; prints JSON. It is `provrl bench logprobs` (provrl/bench/lo
 
 import typer
 
-from provrl.bench.cli import bench_logprobs
+from provrl.cli.bench import bench_logprobs
 
 if __name__ == "__main__":
     typer.run(bench_logprobs)

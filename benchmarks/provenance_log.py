@@ -7,7 +7,7 @@ log` (provrl/bench/log.py).
 
 import typer
 
-from provrl.bench.cli import bench_log
+from provrl.cli.bench import bench_log
 
 if __name__ == "__main__":
     typer.run(bench_log)

@@ -8,7 +8,7 @@ recall@10 of the gold evidence documents. It is `provrl bench search` (provrl/be
 
 import typer
 
-from provrl.bench.cli import bench_search
+from provrl.cli.bench import bench_search
 
 if __name__ == "__main__":
     typer.run(bench_search)

@@ -42,9 +42,9 @@ def main() -> None:
 
     from provrl.env.collection import index_collection
     from provrl.env.config import AgentConfig, EnvConfig, EvalConfig, SearchConfig
-    from provrl.env.evaluate import evaluate
     from provrl.env.http_search import make_app
     from provrl.env.sqlite_index import SqliteSearch
+    from provrl.rollout.evaluate import evaluate
 
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--policy", default="tiny", help="model name or checkpoint directory")

@@ -16,9 +16,10 @@ The names a custom loop needs (examples/custom_loop.py uses them top to bottom):
 models             :func:`load_model`, :class:`LoadedModel`, :func:`save_checkpoint`
 engine             :class:`LocalEngine`, :class:`EngineConfig`, :class:`Engine` (the protocol),
                    :class:`TurnOutput`, :func:`generate`
-environment        :class:`AgentEnv`, :func:`run_episode`, :class:`Task`, :func:`read_task_file`,
-                   :func:`ensure_world`, :func:`load_split`, :func:`reward`, :class:`EnvConfig`
-rollouts           :class:`Collector`, :class:`Group`, :func:`build_env`
+environment        :class:`Task`, :func:`read_task_file`, :func:`ensure_world`, :func:`load_split`,
+                   :func:`reward`, :class:`EnvConfig`
+rollouts           :class:`AgentEnv`, :func:`run_episode`, :class:`Collector`, :class:`Group`,
+                   :func:`build_env`
 training           :class:`RLTrainer`, :class:`RLConfig`, :func:`run_sft`, :class:`SFTConfig`
 trajectories       :class:`Trajectory`, :class:`SamplingParams`, :class:`TrajectoryWriter`,
                    :func:`read_trajectories`
@@ -28,8 +29,8 @@ metrics            :class:`MetricsWriter`
 
 Names load on first use (``import provrl`` does not import torch). Each room's own
 package exports the rest of its public names: ``provrl.engine``, ``provrl.env``,
-``provrl.objectives``, ``provrl.train``, ``provrl.models``, ``provrl.report``; the whole job
-is ``provrl run`` (``provrl.pipeline.run.run_pipeline``).
+``provrl.rollout``, ``provrl.objectives``, ``provrl.train``, ``provrl.models``,
+``provrl.report``; the whole job is ``provrl run`` (``provrl.pipeline.run.run_pipeline``).
 """
 
 from provrl._lazy import lazy_exports
@@ -45,17 +46,17 @@ _EXPORTS = {
     "Engine": "provrl.engine",
     "TurnOutput": "provrl.engine",
     "generate": "provrl.engine",
-    "AgentEnv": "provrl.env",
-    "run_episode": "provrl.env",
+    "AgentEnv": "provrl.rollout",
+    "run_episode": "provrl.rollout",
     "Task": "provrl.env",
     "read_task_file": "provrl.env",
     "ensure_world": "provrl.env",
     "load_split": "provrl.env",
     "reward": "provrl.env",
     "EnvConfig": "provrl.env",
-    "Collector": "provrl.pipeline.collector",
-    "Group": "provrl.pipeline.collector",
-    "build_env": "provrl.pipeline.collector",
+    "Collector": "provrl.rollout",
+    "Group": "provrl.rollout",
+    "build_env": "provrl.rollout",
     "RLTrainer": "provrl.train",
     "RLConfig": "provrl.train",
     "run_sft": "provrl.train",

@@ -25,10 +25,17 @@ import contextlib
 import reprlib
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Annotated, Any, TypeVar
+from typing import Annotated, Any, ClassVar, TypeVar
 
 import yaml
-from pydantic import AfterValidator, AliasChoices, BaseModel, ConfigDict, ValidationError
+from pydantic import (
+    AfterValidator,
+    AliasChoices,
+    BaseModel,
+    ConfigDict,
+    ValidationError,
+    model_validator,
+)
 
 CONFIG_DIR = Path(__file__).resolve().parent.parent / "configs"
 MAX_CONFIG_BYTES = 1 << 20
@@ -47,6 +54,81 @@ class Section(BaseModel):
     """Base of all config classes: unknown keys are errors, assignments are validated."""
 
     model_config = ConfigDict(extra="forbid", validate_assignment=True, frozen=False)
+
+    renamed: ClassVar[dict[str, str]] = {}
+    """Old key of this section → the key it is now. The old key is still read, wherever a
+    config comes from (a file, ``--set``, an old run directory's ``config.yaml``); errors
+    name it as it was given, and docs/config.md lists it under "Old names"."""
+
+    @model_validator(mode="before")
+    @classmethod
+    def _old_keys(cls, data: Any) -> Any:
+        """Old keys (:attr:`renamed`) under the names they have now."""
+        return renamed_keys(cls, data, depth=0) if cls.renamed else data
+
+
+def renamed_keys(
+    cls: type[BaseModel],
+    tree: Any,
+    given: dict[str, str] | None = None,
+    prefix: str = "",
+    *,
+    depth: int | None = None,
+) -> Any:
+    """``tree`` (the mapping a config class reads) with every old key (``Section.renamed``)
+    under the name it has now — in sections ``depth`` levels down (None: all). ``given``
+    collects the dotted key it is now → the dotted key as it was given. Both names in one
+    mapping merge, unless they set the same key."""
+    if not isinstance(tree, Mapping):
+        return tree
+    out = dict(tree)
+    for old, new in getattr(cls, "renamed", {}).items():
+        if old in out:
+            value = out.pop(old)
+            if new in out:
+                both = _leaves(value) & _leaves(out[new])
+                if not (isinstance(value, Mapping) and isinstance(out[new], Mapping)) or both:
+                    at = f".{min(both)}" if both else ""
+                    raise ConfigError(
+                        f"{prefix}{old}{at} and {prefix}{new}{at}: {prefix}{old} is the old "
+                        f"name of {prefix}{new}; give one of the two"
+                    )
+                value = deep_merge(dict(out[new]), dict(value))
+            out[new] = value
+            if given is not None:
+                given[prefix + new] = prefix + old
+    if depth == 0:
+        return out
+    for name, f in cls.model_fields.items():
+        sub = f.annotation
+        if name in out and isinstance(sub, type) and issubclass(sub, BaseModel):
+            deeper = None if depth is None else depth - 1
+            out[name] = renamed_keys(sub, out[name], given, f"{prefix}{name}.", depth=deeper)
+    return out
+
+
+def _leaves(tree: Any, prefix: str = "") -> set[str]:
+    if not isinstance(tree, Mapping):
+        return {prefix}
+    return {
+        leaf for k, v in tree.items() for leaf in _leaves(v, f"{prefix}{'.' if prefix else ''}{k}")
+    }
+
+
+def old_name(cls: type[BaseModel], key: str) -> str | None:
+    """The dotted ``key`` under the old names of its sections (``Section.renamed``), or None
+    when no part of it was renamed: ``pipeline.loop.k`` → ``pipeline.rl.k``."""
+    parts, out, changed = key.split("."), [], False
+    node: type[BaseModel] | None = cls
+    for part in parts:
+        if node is None:
+            out.append(part)
+            continue
+        back = {new: old for old, new in getattr(node, "renamed", {}).items()}
+        out.append(back.get(part, part))
+        changed |= part in back
+        node = _sub_section(node, part)
+    return ".".join(out) if changed else None
 
 
 C = TypeVar("C", bound=BaseModel)
@@ -188,24 +270,38 @@ def _flag_at(loc: tuple[str | int, ...], flags: Mapping[str, str]) -> tuple[str,
 
 class FlagError(ConfigError):
     """A command-line flag's value is invalid for the config field it sets
-    (:mod:`provrl.config_cli` turns it into a usage error naming the flag)."""
+    (:mod:`provrl.cli.options` turns it into a usage error naming the flag)."""
+
+
+def _as_given(key: str, given: Mapping[str, str]) -> str:
+    """``key`` as it was given: under the old name of a renamed section it came in by."""
+    for new, old in given.items():
+        if key == new or key.startswith(new + "."):
+            return f"{old}{key[len(new) :]}' ({old} is the old name of {new})"
+    return key + "'"
 
 
 def _format_errors(
-    err: ValidationError, source: str, flags: Mapping[str, str] | None = None
+    err: ValidationError,
+    source: str,
+    flags: Mapping[str, str] | None = None,
+    given: Mapping[str, str] | None = None,
 ) -> str:
-    flags = flags or {}
+    flags, given = flags or {}, given or {}
     lines = []
     for e in err.errors():
         key = ".".join(str(p) for p in e["loc"]) or "<root>"
+        quoted = "'" + _as_given(key, given)
         got = _SHORT.repr(e.get("input"))
-        if e["type"] == "extra_forbidden":
-            lines.append(f"{source}: unknown key {key!r}{did_you_mean(err.title, e['loc'])}")
+        if not e["loc"]:  # a whole-config check (a model validator) names its keys itself
+            lines.append(f"{source}: {str(e['msg']).removeprefix('Value error, ')}")
+        elif e["type"] == "extra_forbidden":
+            lines.append(f"{source}: unknown key {quoted}{did_you_mean(err.title, e['loc'])}")
         elif (flag := _flag_at(e["loc"], flags)) is not None:
             name, at = flag
             lines.append(f"{name}: field {at.rsplit('.', 1)[-1]!r} ({key}): {e['msg']} (got {got})")
         else:
-            lines.append(f"{source}: key {key!r}: {e['msg']} (got {got})")
+            lines.append(f"{source}: key {quoted}: {e['msg']} (got {got})")
     return "\n".join(lines)
 
 
@@ -243,21 +339,46 @@ def load_config(
     data: dict[str, Any] = {}
     if preset is not None:
         path = preset_path(preset)
-        data = load_yaml(path)
+        in_file: dict[str, str] = {}
+        data = _renamed(cls, load_yaml(path), in_file, str(path))
         try:
             cls.model_validate(data)
         except ValidationError as e:
-            raise ConfigError(_format_errors(e, str(path))) from None
-    merged = deep_merge(data, parse_overrides(overrides))
-    names = {key: name for key, (name, _) in (flags or {}).items()}
-    for key, (_, value) in (flags or {}).items():
-        _set_dotted(merged, key, value)
+            raise ConfigError(_format_errors(e, str(path), given=in_file)) from None
+    given: dict[str, str] = {}  # old names are resolved per source, so precedence holds
+    merged = deep_merge(data, _renamed(cls, parse_overrides(overrides), given, "command line"))
+    names: dict[str, str] = {}
+    flag_tree: dict[str, Any] = {}
+    for key, (name, value) in (flags or {}).items():
+        _set_dotted(flag_tree, key, value)
+        names[_now(cls, key)] = name
+    merged = deep_merge(merged, _renamed(cls, flag_tree, given, "command line"))
     try:
         return cls.model_validate(merged)
     except ValidationError as e:
-        msg = _format_errors(e, "command line", names)
+        msg = _format_errors(e, "command line", names, given)
         at_flag = any(_flag_at(x["loc"], names) is not None for x in e.errors())
         raise (FlagError if at_flag else ConfigError)(msg) from None
+
+
+def _renamed(cls: type[BaseModel], tree: Any, given: dict[str, str], source: str) -> Any:
+    try:
+        return renamed_keys(cls, tree, given)
+    except ConfigError as e:
+        raise ConfigError(f"{source}: {e}") from None
+
+
+def _now(cls: type[BaseModel], key: str) -> str:
+    """The dotted ``key`` under the names its sections have now."""
+    tree: dict[str, Any] = {}
+    _set_dotted(tree, key, None)
+    parts = []
+    node: Any = renamed_keys(cls, tree)
+    while isinstance(node, dict) and node:
+        part = next(iter(node))
+        parts.append(part)
+        node = node[part]
+    return ".".join(parts)
 
 
 def dump_config(cfg: BaseModel) -> str:

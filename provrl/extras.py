@@ -7,7 +7,7 @@ what only some commands need::
     classic   gymnasium               provrl trpo (gymnasium control)
     tracking  wandb, mlflow-skinny    logging.report_to: [wandb, mlflow]
     export    pyarrow                 provrl trajectories export --format parquet
-    ray       ray                     backend: ray (engine replicas as Ray actors)
+    ray       ray                     engine.backend: ray (engine replicas as Ray actors)
 """
 
 from __future__ import annotations

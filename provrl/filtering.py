@@ -24,7 +24,6 @@ tasks kept per probe rollout spent, Pr(kept)/k — the price of a larger k.
 
 from __future__ import annotations
 
-import hashlib
 import json
 import math
 from collections.abc import Iterable, Mapping, Sequence
@@ -225,11 +224,6 @@ def plot_retention(report: Mapping[str, Any], path: str | Path) -> Path:
 
 
 # ----------------------------------------------------------------------------- manifests
-def file_sha256(path: str | Path) -> str:
-    """sha256 of a (task) file's bytes."""
-    return "sha256:" + hashlib.sha256(Path(path).read_bytes()).hexdigest()
-
-
 STALE_KEYS = (
     "policy.fingerprint",
     "policy.dtype",

@@ -1,6 +1,6 @@
 """Per-token provenance: which policy generated this token, and with what probability.
 
-Every token of a trajectory carries (DESIGN.md §2):
+Every token of a trajectory carries (docs/provenance.md):
 
 ==============  ==========================================================================
 field           meaning

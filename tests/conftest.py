@@ -43,3 +43,13 @@ def small_world(tmp_path_factory, small_cfg):
     d = tmp_path_factory.mktemp("world") / "w"
     build_world(small_cfg, d)
     return d
+
+
+@pytest.fixture(scope="session")
+def small_search(small_world):
+    """The small world's SQLite BM25 index, opened once per session."""
+    from provrl.env.sqlite_index import SqliteSearch, cached_index
+
+    s = SqliteSearch(cached_index(small_world))
+    yield s
+    s.close()

@@ -13,7 +13,7 @@ def test_parquet_export_round_trips_the_provenance(small_world, tmp_path):
     pa_parquet = pytest.importorskip("pyarrow.parquet")
     from provrl.cli import app
     from provrl.env.config import EnvConfig, EvalConfig
-    from provrl.env.evaluate import evaluate
+    from provrl.rollout.evaluate import evaluate
     from provrl.trajlog import read_all
 
     evaluate(

@@ -45,7 +45,11 @@ import torch
 from provrl.engine.api import Engine, TurnOutput
 from provrl.engine.config import EngineConfig
 from provrl.engine.local import LocalEngine
+from provrl.engine.vllm_backend import VLLMEngine
+from provrl.models.chat import chat_ids
+from provrl.models.loading import LoadedModel, load_model, load_tokenizer, tiny_config
 from provrl.provenance import SamplingParams
+from provrl.train.logprobs import token_logprobs
 
 QUESTIONS = (
     "Which river flows through the capital of the country where the Eiffel Tower stands?",
@@ -61,8 +65,6 @@ QUESTIONS = (
 
 def bench_prompts(tokenizer: Any, n: int) -> list[list[int]]:
     """``n`` chat prompts (the model's chat template, so they share its system prompt)."""
-    from provrl.models import chat_ids
-
     return [
         chat_ids(tokenizer, [{"role": "user", "content": f"({i}) {QUESTIONS[i % len(QUESTIONS)]}"}])
         for i in range(n)
@@ -74,9 +76,6 @@ def vllm_tiny_model(seed: int = 0) -> Any:
     of 16: vLLM's CPU attention supports head sizes 32, 64, 80, … only. Same tokenizer,
     same hidden size; a :class:`~provrl.models.LoadedModel` named ``tiny-h32``."""
     from transformers import AutoModelForCausalLM
-
-    from provrl.models import load_tokenizer
-    from provrl.models.loading import LoadedModel, tiny_config
 
     tok = load_tokenizer("smollm2-135m")
     cfg = tiny_config(len(tok), tok.bos_token_id, tok.eos_token_id, tok.pad_token_id)
@@ -174,8 +173,6 @@ def engine_run(
 @torch.no_grad()
 def logprob_mismatch(lm: Any, prompts: list[list[int]], outs: list[TurnOutput]) -> float:
     """max |engine logprob − teacher-forced HF logprob| over the sampled tokens."""
-    from provrl.train.logprobs import token_logprobs
-
     worst = 0.0
     for p, o in zip(prompts, outs, strict=True):
         ids = torch.tensor([p + o.token_ids], device=lm.model.device)
@@ -385,8 +382,6 @@ def run_engine_benchmark(
 ) -> dict[str, Any]:
     """Run the whole benchmark and return the JSON-able result (``backend="vllm"``: also
     the vLLM backend, side by side; see the module docstring)."""
-    from provrl.models import load_model
-
     say = progress or (lambda _msg: None)
     if backend not in ("local", "vllm"):
         raise ValueError(f"backend {backend!r}: expected 'local' or 'vllm'")
@@ -407,8 +402,6 @@ def run_engine_benchmark(
     vllm: Any = None
     vllm_start_s = 0.0
     if backend == "vllm":
-        from provrl.engine.vllm_backend import VLLMEngine
-
         say("starting vLLM (minutes on a busy CPU)")
         t = time.perf_counter()
         vcfg = cfg.model_copy(update={"backend": "vllm", "threads": threads or 1,

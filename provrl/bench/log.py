@@ -28,7 +28,7 @@ import numpy as np
 import orjson
 
 from provrl.provenance import TOKEN_COLUMNS, Identity, SamplingParams, Trajectory, TrajectoryBuilder
-from provrl.trajlog import TrajectoryWriter, read_trajectories
+from provrl.trajlog import TrajectoryWriter, read_trajectories, trajectory_to_record
 
 
 def synthetic_trajectory(rng: np.random.Generator, n_tokens: int, traj_id: str) -> Trajectory:
@@ -69,8 +69,6 @@ def synthetic_trajectory(rng: np.random.Generator, n_tokens: int, traj_id: str) 
 
 # --------------------------------------------------------------------------- alternatives
 def _lists_write(path: Path, trajs: Iterator[Trajectory]) -> None:
-    from provrl.trajlog import trajectory_to_record
-
     with open(path, "wb") as f:
         for t in trajs:
             rec = trajectory_to_record(t, compress=False)

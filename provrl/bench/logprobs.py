@@ -27,6 +27,7 @@ from typing import Any
 
 import torch
 
+from provrl.models.loading import load_model
 from provrl.train.logprobs import token_logprobs, token_logprobs_chunked
 
 METHODS = ("full", "chunked")
@@ -60,8 +61,6 @@ def _fwd_bwd(
 
 
 def _load(model_name: str) -> Any:
-    from provrl.models import load_model
-
     return load_model(model_name).model
 
 

@@ -1,16 +1,22 @@
-"""Beyond one process: engine replicas as Ray actors (``backend: ray``, docs/distributed.md).
+"""Beyond one process: engine replicas as Ray actors (``engine.backend: ray``,
+docs/distributed.md).
 
-``make_rollout_engine(lm, cfg, engine_cfg, version=v)`` is the one call the orchestration
-makes; it returns an in-process engine for ``backend: local`` and a
-:class:`~provrl.distributed.engine.RayEngine` for ``backend: ray``. ``make_learner`` is the
-same switch for the trainer: in this process, or a Ray actor
-(:mod:`provrl.distributed.trainer`). Ray itself is imported
-only when a RayEngine is built (``pip install 'provrl[ray]'``).
+:class:`RayEngines` is the :class:`~provrl.engine.api.EngineFactory` of ``engine.backend:
+ray``: ``ray.replicas`` :class:`~provrl.distributed.engine.EngineReplica` actors behind the
+router (:class:`~provrl.distributed.engine.RayEngine`). The trainer goes with them, as an
+actor (:class:`~provrl.distributed.trainer.RayLearner`). A run builds both through
+``provrl.pipeline.engines`` from its config. Ray itself is imported only when a RayEngine is
+built (``pip install 'provrl[ray]'``). Names load on first use.
 """
 
-from __future__ import annotations
+from provrl._lazy import lazy_exports
 
-from provrl.distributed.config import RayConfig
-from provrl.distributed.rollout import fleet_summary, make_learner, make_rollout_engine
-
-__all__ = ["RayConfig", "fleet_summary", "make_learner", "make_rollout_engine"]
+_EXPORTS = {
+    "RayConfig": "provrl.distributed.config",
+    "RayEngines": "provrl.distributed.factory",
+    "fleet_summary": "provrl.distributed.factory",
+    "RayEngine": "provrl.distributed.engine",
+    "RayLearner": "provrl.distributed.trainer",
+}
+__all__ = list(_EXPORTS)
+__getattr__, __dir__ = lazy_exports(__name__, _EXPORTS)

@@ -1,4 +1,4 @@
-"""Typed configuration of the Ray backend (``backend: ray`` in the run config)."""
+"""Typed configuration of the Ray backend (``engine.backend: ray`` in the run config)."""
 
 from __future__ import annotations
 
@@ -16,7 +16,7 @@ others keep generating meanwhile."""
 
 class RayConfig(Section):
     """Engine replicas as Ray actors: where the cluster is, how many replicas, how they
-    recover. Used when the run config says ``backend: ray``."""
+    recover. Used when the run config says ``engine.backend: ray``."""
 
     address: str | None = Field(
         None,
@@ -46,6 +46,11 @@ class RayConfig(Section):
     )
     replicas: int = Field(
         2, ge=1, description="Engine replicas, each a Ray actor in its own process."
+    )
+    engine: Literal["local", "vllm"] = Field(
+        "local",
+        description="The engine each replica runs, with the engine section's settings: "
+        "'local' (provrl's PyTorch engine) or 'vllm' (docs/engine.md §10).",
     )
     threads: int = Field(
         1,
@@ -95,7 +100,8 @@ class RayConfig(Section):
         0,
         ge=0,
         description="torch threads of the trainer actor (0: as many as the driver process "
-        "has). The trainer runs as a Ray actor in its own process whenever backend is ray.",
+        "has). The trainer runs as a Ray actor in its own process whenever engine.backend is "
+        "ray.",
     )
     trainer_cpus: float = Field(
         0.0,

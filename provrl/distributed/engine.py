@@ -29,6 +29,10 @@ from provrl.distributed.replica import EngineReplica
 from provrl.distributed.weights import Published, WeightStore
 from provrl.engine.api import EngineError, HotLoadMode, HotLoadReport, TurnOutput
 from provrl.engine.config import EngineConfig
+from provrl.engine.hotload import read_weights
+from provrl.engine.router import Router
+from provrl.extras import require
+from provrl.models.loading import LoadedModel
 from provrl.provenance import SamplingParams
 
 
@@ -48,9 +52,7 @@ def _env(name: str, value: str) -> Iterator[None]:
 def connect(cfg: RayConfig) -> bool:
     """Join ``cfg.address`` or start a local Ray instance; True if this call started it
     (the caller then shuts it down). An already initialised Ray is used as it is."""
-    from provrl.extras import require
-
-    require("ray", "ray", "backend: ray")
+    require("ray", "ray", "engine.backend: ray")
     import ray
 
     if ray.is_initialized():
@@ -74,15 +76,13 @@ class RayEngine:
 
     def __init__(
         self,
-        lm: Any,
+        lm: LoadedModel,
         engine_cfg: EngineConfig,
         cfg: RayConfig,
         *,
         version: int = 0,
         start_timeout_s: float = 900.0,
     ) -> None:
-        from provrl.engine.router import Router
-
         self.cfg = cfg
         self._started_ray = connect(cfg)  # first: without Ray, the one-line MissingExtra
         import ray
@@ -172,8 +172,6 @@ class RayEngine:
         if isinstance(weights, Published):
             ref = self.store.adopt(weights, version)
         else:
-            from provrl.engine.hotload import read_weights
-
             sd, _ = read_weights(weights)
             ref = self.store.publish(sd, version)
         schedule = schedule or self.cfg.schedule

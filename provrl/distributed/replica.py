@@ -21,8 +21,10 @@ import time
 from typing import Any
 
 from provrl.distributed.weights import PackedWeights, unpack_state_dict
-from provrl.engine.api import HotLoadMode, HotLoadReport, TurnOutput
+from provrl.engine.api import EngineError, HotLoadMode, HotLoadReport, TurnOutput
 from provrl.engine.config import EngineConfig
+from provrl.engine.factory import make_engine
+from provrl.models.loading import LoadedModel
 from provrl.provenance import SamplingParams
 
 
@@ -31,7 +33,7 @@ class EngineReplica:
 
     def __init__(
         self,
-        lm: Any,
+        lm: LoadedModel,
         engine_cfg: dict[str, Any],
         replica: int,
         version: int,
@@ -41,8 +43,6 @@ class EngineReplica:
         """``lm``: the LoadedModel (Ray resolves the object-store reference; its weights
         are ``version``). ``weights``: a newer published version to start from — what a
         restarted replica loads before it serves a single token."""
-        from provrl.engine.factory import make_engine
-
         self.replica = replica
         self.engine = make_engine(lm, EngineConfig(**engine_cfg), replica=replica, version=version)
         if weights is not None and weights_version is not None and weights_version > version:
@@ -100,8 +100,6 @@ class EngineReplica:
 
 def _known(op: Any, rid: str) -> bool:
     """``op(rid)``; False instead of the EngineError of an unknown request id."""
-    from provrl.engine.api import EngineError
-
     try:
         op(rid)
     except EngineError:

@@ -1,4 +1,4 @@
-"""The trainer as a Ray actor (``backend: ray``): the learner in its own process.
+"""The trainer as a Ray actor (``engine.backend: ray``): the learner in its own process.
 
 :class:`TrainerActor` holds a :class:`~provrl.train.learner.LocalLearner` over its own copy
 of the policy (the model the replicas started from, taken from the object store). One RL
@@ -16,19 +16,26 @@ returns, so a kill at any point leaves either a complete checkpoint or none.
 
 The trainer's metrics are recorded in the actor (:class:`~provrl.train.learner.MetricsBuffer`)
 and replayed into the run's sink by the driver, so TensorBoard / W&B see the same series as
-with ``backend: local``.
+with ``engine.backend: local``.
 """
 
 from __future__ import annotations
 
 import os
 from collections.abc import Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
+from provrl._sys import release_memory
 from provrl.distributed.config import RayConfig
+from provrl.distributed.engine import connect
 from provrl.distributed.weights import PackedWeights, Published, pack_state_dict
+from provrl.models.loading import LoadedModel
 from provrl.provenance import Trajectory
-from provrl.train.learner import MetricsBuffer, Update, replay_metrics
+from provrl.train.config import RLConfig
+from provrl.train.learner import LocalLearner, MetricsBuffer, Update, replay_metrics
+
+if TYPE_CHECKING:
+    from ray import ObjectRef
 
 
 class TrainerActor:
@@ -37,7 +44,7 @@ class TrainerActor:
 
     def __init__(
         self,
-        lm: Any,
+        lm: LoadedModel,
         rl: dict[str, Any],
         *,
         version: int,
@@ -46,9 +53,6 @@ class TrainerActor:
         optimizer_state: str | None,
     ) -> None:
         import torch
-
-        from provrl.train.config import RLConfig
-        from provrl.train.learner import LocalLearner
 
         if threads:
             torch.set_num_threads(threads)
@@ -65,8 +69,6 @@ class TrainerActor:
     def step(self, trajectories: Sequence[Trajectory]) -> tuple[dict[str, Any], PackedWeights]:
         """One update; (version, metrics, recorded metric calls, bytes) and the packed new
         weights — two results, so the weights become their own object-store entry."""
-        from provrl.pipeline.rundir import release_memory
-
         u = self.learner.step(trajectories)
         packed = pack_state_dict(u.weights)
         release_memory()  # the RL step's heap churn happens in this process now
@@ -95,8 +97,8 @@ class RayLearner:
 
     def __init__(
         self,
-        lm_ref: Any,
-        rl: Any,
+        lm_ref: LoadedModel | ObjectRef[LoadedModel],
+        rl: RLConfig,
         cfg: RayConfig,
         *,
         version: int,
@@ -111,8 +113,6 @@ class RayLearner:
         (``ray.trainer_threads``, 0 = this process's count)."""
         import ray
         from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
-
-        from provrl.distributed.engine import connect
 
         self._started_ray = connect(cfg)
         if threads <= 0:

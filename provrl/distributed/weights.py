@@ -23,6 +23,8 @@ from typing import Any, Protocol
 import numpy as np
 import torch
 
+from provrl.engine.api import EngineError
+
 # torch dtypes without a numpy equivalent travel as same-width integer bit patterns
 _BITS = {torch.bfloat16: torch.int16}
 
@@ -130,7 +132,6 @@ class WeightStore:
             return None
         if version == self._version and self._ref is not None and (ref is None or ref is self._ref):
             return self._ref
-        from provrl.engine.api import EngineError
 
         raise EngineError(
             f"load_weights: version {version} must be newer than version {self._version}"

@@ -5,10 +5,10 @@ created by :meth:`Engine.submit` with a prompt, generates one turn, then waits (
 kept) until :meth:`Engine.submit_continue` appends more context (the tool output, as
 non-action tokens) and generates the next turn on the same cache, or until
 :meth:`Engine.release` frees it. Every sampled token comes back with its provenance stamps
-(DESIGN.md §2): version, exact behaviour logprob, kept mass, KV versions, replica.
+(docs/provenance.md): version, exact behaviour logprob, kept mass, KV versions, replica.
 
-Backends: ``provrl.engine.local`` (PyTorch, CPU/GPU) and the replica router, which is
-itself an :class:`Engine`.
+Backends: ``provrl.engine.local`` (PyTorch, CPU/GPU), ``provrl.engine.vllm_backend`` and the
+replica router, which is itself an :class:`Engine`; an :class:`EngineFactory` builds one.
 """
 
 from __future__ import annotations
@@ -17,11 +17,15 @@ import os
 from collections.abc import Mapping, Sequence
 from concurrent.futures import Future
 from dataclasses import dataclass, field
-from typing import Any, Literal, Protocol, runtime_checkable
+from typing import TYPE_CHECKING, Any, Literal, Protocol, runtime_checkable
 
 import numpy as np
 
+from provrl.engine.config import EngineConfig
 from provrl.provenance import SamplingParams
+
+if TYPE_CHECKING:  # models.loading imports torch; the engine API stays light
+    from provrl.models.loading import LoadedModel
 
 HotLoadMode = Literal["keep", "recompute", "drain"]
 """``keep``: swap weights between decode steps, keep in-flight requests and their KV.
@@ -135,6 +139,20 @@ class Engine(Protocol):
         ...
 
     def close(self) -> None: ...
+
+
+class EngineFactory(Protocol):
+    """Builds the rollout engine that serves ``lm`` (whose weights are ``version``) with the
+    settings of ``cfg`` (one replica's :class:`~provrl.engine.config.EngineConfig`).
+
+    A run builds its factory once, from the run config, and every stage that rolls out (the
+    probe, eval, sync and async RL) calls it; ``engine.backend`` is the one switch:
+    ``local`` / ``vllm`` → :func:`provrl.engine.make_engine` (in this process), ``ray`` →
+    :class:`provrl.distributed.RayEngines` (replicas as Ray actors)."""
+
+    def __call__(
+        self, lm: LoadedModel, cfg: EngineConfig | None = None, *, version: int = 0
+    ) -> Engine: ...
 
 
 def generate(engine: Engine, prompt_ids: Sequence[int], params: SamplingParams) -> TurnOutput:

@@ -2,7 +2,7 @@
 
 After a ``keep`` hot-load, a token sampled under version v attended to KV computed under
 older versions (``kv_min < v``), so its recorded log q is the *cached* execution's, which
-need not equal a recomputation under v (DESIGN.md §2). For a fraction
+need not equal a recomputation under v (docs/provenance.md). For a fraction
 ``EngineConfig.audit_fraction`` of the finished turns that hold such tokens, the engine
 recomputes them from scratch — a fresh KV under the same weights v, the same sampling
 parameters — and accumulates ``|log q_fresh − log q_recorded|`` into its counters::

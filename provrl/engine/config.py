@@ -38,17 +38,21 @@ class VLLMOptions(Section):
 class EngineConfig(Section):
     """Settings of one rollout-engine replica: a :class:`provrl.engine.LocalEngine`
     (``backend: local``) or a :class:`provrl.engine.vllm_backend.VLLMEngine`
-    (``backend: vllm``); build either with :func:`provrl.engine.make_engine`.
+    (``backend: vllm``), built by :func:`provrl.engine.make_engine`; with ``backend: ray``
+    each Ray replica runs one of those (``ray.engine``) with these settings.
 
     The local KV cache is slotted: ``max_seqs`` slots of ``max_context`` positions each,
     allocated once (zero pages, committed by the OS only when written, so unused capacity
     costs no resident memory on CPU)."""
 
-    backend: Literal["local", "vllm"] = Field(
+    backend: Literal["local", "vllm", "ray"] = Field(
         "local",
-        description="Rollout backend: 'local' (provrl's PyTorch engine, exact kept mass and "
-        "KV versions) or 'vllm' (needs `pip install provrl[vllm]`; what it records exactly: "
-        "docs/engine.md §10).",
+        description="Rollout backend, the one switch: 'local' (provrl's PyTorch engine in this "
+        "process, exact kept mass and KV versions), 'vllm' (needs `pip install provrl[vllm]`; "
+        "what it records exactly: docs/engine.md §10) or 'ray' (ray.replicas engine replicas "
+        "as Ray actors, each running ray.engine, and the trainer as an actor; `pip install "
+        "'provrl[ray]'`, docs/distributed.md). The old top-level key `backend: ray` means "
+        "engine.backend: ray.",
     )
     max_seqs: int = Field(
         64,

@@ -30,6 +30,7 @@ from provrl.engine.api import EngineError, HotLoadMode, HotLoadReport
 from provrl.engine.llama import LlamaWeights, StepInputs
 from provrl.engine.scheduler import Scheduler, StepBuilder
 from provrl.failpoints import failpoint
+from provrl.models.checkpoint import CheckpointError, load_state_dict
 
 
 @dataclass
@@ -49,7 +50,6 @@ def read_weights(weights: Mapping[str, Any] | str | os.PathLike[str]) -> tuple[M
     """A state dict from a mapping, a ``.safetensors`` file, or a directory of them."""
     if isinstance(weights, Mapping):
         return weights, "state dict"
-    from provrl.models.checkpoint import CheckpointError, load_state_dict
 
     path = Path(weights)
     files = sorted(path.glob("*.safetensors")) if path.is_dir() else [path]

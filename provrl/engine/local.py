@@ -52,6 +52,8 @@ from provrl.engine.hotload import HotLoad, read_weights
 from provrl.engine.llama import KVCache, LlamaWeights, Rope, StepInputs, forward, mlp_block
 from provrl.engine.sampling import behaviour_logprob, sample
 from provrl.engine.scheduler import EngineCounters, Request, Scheduler
+from provrl.models.chat import stop_token_ids
+from provrl.models.loading import LoadedModel
 from provrl.provenance import SamplingParams
 
 __all__ = ["DTYPES", "LocalEngine", "read_weights"]
@@ -70,7 +72,7 @@ class LocalEngine:
 
     def __init__(
         self,
-        lm: Any,
+        lm: LoadedModel,
         cfg: EngineConfig | None = None,
         *,
         replica: int = 0,
@@ -95,8 +97,6 @@ class LocalEngine:
         )
         # slots 0 … max_seqs-1 are the scheduler's; slot max_seqs is the audit's scratch slot
         self.kv = KVCache(self.shape, cfg.max_seqs + 1, cfg.max_context, cfg.device, dtype)
-        from provrl.models.chat import stop_token_ids
-
         eos_ids = frozenset(stop_token_ids(self.tokenizer)) if cfg.eos_stops else frozenset()
         self._seeds = np.random.SeedSequence(cfg.seed)
         self._ids = itertools.count()

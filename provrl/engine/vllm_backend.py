@@ -53,7 +53,7 @@ from collections.abc import Callable, Iterator, Mapping, Sequence
 from concurrent.futures import Future
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -67,7 +67,11 @@ from provrl.engine.api import (
 from provrl.engine.checks import check_continuation, check_ids, check_params, check_prompt
 from provrl.engine.config import EngineConfig
 from provrl.engine.stops import StopMatcher
+from provrl.models.chat import stop_token_ids
 from provrl.provenance import NO_VERSION, UNKNOWN_VERSION, SamplingParams
+
+if TYPE_CHECKING:  # models.loading imports torch, which vLLM brings in its own process
+    from provrl.models.loading import LoadedModel
 
 log = logging.getLogger(__name__)
 
@@ -224,7 +228,12 @@ class VLLMEngine:
     :meth:`load_weights`, with a new version."""
 
     def __init__(
-        self, lm: Any, cfg: EngineConfig | None = None, *, replica: int = 0, version: int = 0
+        self,
+        lm: LoadedModel,
+        cfg: EngineConfig | None = None,
+        *,
+        replica: int = 0,
+        version: int = 0,
     ) -> None:
         if not _vllm_available():
             raise EngineError(
@@ -249,7 +258,6 @@ class VLLMEngine:
         self._shapes = {k: tuple(v.shape) for k, v in lm.model.state_dict().items()}
         if self.tied:
             self._shapes.pop("lm_head.weight", None)
-        from provrl.models.chat import stop_token_ids
 
         self.eos_ids = frozenset(stop_token_ids(self.tokenizer)) if cfg.eos_stops else frozenset()
         self._version = version
@@ -299,7 +307,7 @@ class VLLMEngine:
     def _call(self, coro: Any, timeout: float | None = None) -> Any:
         return asyncio.run_coroutine_threadsafe(coro, self._loop).result(timeout)
 
-    async def _start(self, lm: Any) -> None:
+    async def _start(self, lm: LoadedModel) -> None:
         from provrl.models.checkpoint import save_checkpoint
 
         self._swap_done = asyncio.Event()

@@ -1,7 +1,8 @@
-"""Search-agent environment: synthetic world, tasks, search backends, agent loop, rewards.
+"""The search agent's world: synthetic world, tasks, search backends, tool protocol, rewards.
 
-``from provrl.env import AgentEnv, run_episode, read_task_file, EnvConfig`` — see
-docs/env.md. Names load on first use (the agent loop imports the tokenizer stack).
+``from provrl.env import ensure_world, read_task_file, search_backend, reward, EnvConfig`` —
+see docs/env.md. The agent loop that acts in this world, and evaluation, are
+:mod:`provrl.rollout`. Names load on first use.
 """
 
 from provrl._lazy import lazy_exports
@@ -28,18 +29,11 @@ _EXPORTS = {
     "SqliteSearch": "provrl.env.sqlite_index",
     "HttpSearch": "provrl.env.http_search",
     "index_collection": "provrl.env.collection",
-    # the agent loop and its reward
-    "AgentEnv": "provrl.env.agent",
-    "EpisodeCounts": "provrl.env.agent",
-    "run_episode": "provrl.env.agent",
-    "tools_identity": "provrl.env.agent",
+    "search_backend": "provrl.env.build",
+    # rewards
     "reward": "provrl.env.rewards",
     "exact_match": "provrl.env.rewards",
     "token_f1": "provrl.env.rewards",
-    # evaluation
-    "evaluate": "provrl.env.evaluate",
-    "search_backend": "provrl.env.evaluate",
-    "pass_at_k": "provrl.env.evaluate",
 }
 __all__ = list(_EXPORTS)
 __getattr__, __dir__ = lazy_exports(__name__, _EXPORTS)

@@ -1,4 +1,5 @@
-"""Build a world directory: corpus, search index, tasks verified by the oracle.
+"""Build a world directory: corpus, search index, tasks verified by the oracle; and open the
+search tool a config names (:func:`search_backend`).
 
 Layout::
 
@@ -19,14 +20,17 @@ import hashlib
 import json
 import os
 import shutil
-import tempfile
 import time
 from collections import Counter
 from pathlib import Path
 from typing import Any
 
-from provrl.env.config import SearchConfig, WorldConfig
+from provrl._sys import atomic_tmp_dir, cache_dir
+from provrl.env.config import EnvConfig, SearchConfig, WorldConfig
+from provrl.env.http_search import HttpSearch
+from provrl.env.latency import LatencyModel, WithLatency
 from provrl.env.oracle import run_oracle
+from provrl.env.search import SearchBackend
 from provrl.env.sqlite_index import SqliteSearch, cached_index
 from provrl.env.taskgen import generate_tasks
 from provrl.env.tasks import SPLITS, Task, load_tasks, save_tasks
@@ -41,8 +45,6 @@ def world_key(cfg: WorldConfig) -> str:
 
 def default_world_dir(cfg: WorldConfig) -> Path:
     """``$PROVRL_CACHE/worlds/seed<S>-d<D>-<hash>`` for a world config."""
-    from provrl.models.loading import cache_dir
-
     return cache_dir() / "worlds" / f"seed{cfg.seed}-d{cfg.docs}-{world_key(cfg)}"
 
 
@@ -59,8 +61,7 @@ def build_world(
     final = Path(out_dir)
     if final.exists() and not overwrite:
         raise FileExistsError(f"{final}: exists (use --overwrite to replace it)")
-    final.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=final.name + ".tmp-", dir=final.parent))
+    tmp = atomic_tmp_dir(final)
     try:
         t0 = time.perf_counter()
         world = generate_world(cfg)
@@ -130,3 +131,33 @@ def ensure_world(cfg: WorldConfig, world_dir: str | os.PathLike[str] | None = No
 
 def load_split(world_dir: str | os.PathLike[str], split: str) -> list[Task]:
     return load_tasks(Path(world_dir) / TASKS_DIR / f"{split}.jsonl", split=split)
+
+
+def search_backend(world_dir: str | os.PathLike[str] | None, cfg: EnvConfig) -> SearchBackend:
+    """The search tool ``cfg.search`` describes: the world's SQLite BM25 index, an index
+    file of the user's own collection (``search.index``, built by ``provrl index``) or the
+    HTTP client of a ``/retrieve`` service (``search.url``, with or without the trailing
+    ``/retrieve``), wrapped in the simulated latency when ``cfg.search.latency`` asks."""
+    backend: SearchBackend
+    if cfg.search.backend == "http":
+        url = cfg.search.url.rstrip("/").removesuffix("/retrieve")
+        backend = HttpSearch(url, cfg.agent.tool_timeout_s)
+    else:
+        if cfg.search.index:
+            index: Path = Path(cfg.search.index)
+        elif world_dir is not None:
+            index = cached_index(world_dir)
+        else:
+            raise ValueError(
+                "search: no index — give search.index (a `provrl index` file), a world "
+                "directory, or backend=http with search.url"
+            )
+        backend = SqliteSearch(
+            index,
+            title_weight=cfg.search.title_weight,
+            snippet_words=cfg.search.snippet_words,
+            open_words=cfg.search.open_words,
+        )
+    if cfg.search.latency.kind != "none":
+        backend = WithLatency(backend, LatencyModel(cfg.search.latency), cfg.agent.tool_timeout_s)
+    return backend

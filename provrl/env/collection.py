@@ -26,6 +26,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 from provrl.env.jsonl import iter_records
+from provrl.env.sqlite_index import build_index
 from provrl.env.world import Document
 
 _BLANK = re.compile(r"\n\s*\n")
@@ -121,8 +122,6 @@ def index_collection(
 ) -> dict[str, object]:
     """Build the FTS5 BM25 index of ``docs`` at ``out`` (default ``docs`` with suffix
     ``.sqlite``), atomically. Returns a summary: path, documents, passages, sha256."""
-    from provrl.env.sqlite_index import build_index
-
     src = Path(docs)
     if passage_words < 8:
         raise CollectionError(f"passage_words={passage_words}: must be at least 8")

@@ -2,7 +2,7 @@
 
 :class:`EnvConfig` is the ``env`` section of :class:`provrl.run_config.RunConfig`; the
 convenience flags of ``provrl world / eval / index / serve-search`` are generated from
-these fields (:mod:`provrl.config_cli`).
+these fields (:mod:`provrl.cli.options`).
 """
 
 from __future__ import annotations

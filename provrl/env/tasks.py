@@ -40,6 +40,8 @@ from typing import Any
 
 import orjson
 
+from provrl.env.jsonl import iter_records
+
 SPLITS = ("train", "dev", "test")
 TIER_NAMES = {1: "lookup", 2: "two-hop", 3: "multi-constraint", 4: "comparison"}
 
@@ -196,8 +198,6 @@ def load_tasks(path: str | os.PathLike[str], *, split: str | None = None) -> lis
 
 def _task_records(p: Path) -> Iterator[tuple[int, Any]]:
     """The decoded lines of a task file, within the task-file bounds."""
-    from provrl.env.jsonl import iter_records
-
     return iter_records(
         p, TaskFileError, "task file", max_line_bytes=MAX_TASK_LINE_BYTES, max_records=MAX_TASKS
     )

@@ -1,10 +1,14 @@
-"""Chat-template helpers that return token ids (never text to be re-tokenized later)."""
+"""Tokenizer helpers: chat-template ids (never text to be re-tokenized later) and the
+tokenizer's identity (what a trajectory records, so another tokenizer's logs are refused)."""
 
 from __future__ import annotations
 
 import functools
+import hashlib
+import json
 from collections.abc import Sequence
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 Message = dict[str, str]
@@ -119,3 +123,21 @@ def continuation_ids(
 
 def _encode(tokenizer: Any, text: str) -> list[int]:
     return [int(i) for i in tokenizer.encode(text, add_special_tokens=False)]
+
+
+def tokenizer_identity(tokenizer: Any) -> dict[str, str]:
+    """``{"name": ..., "sha256": ...}``: the tokenizer's directory name and a hash of
+    everything that maps text to ids and back — the vocabulary and merges (the serialised
+    ``tokenizer.json``), the added and special tokens, and the chat template. Two
+    tokenizers with equal hashes give the same ids for the same conversation."""
+    h = hashlib.sha256()
+    backend = getattr(tokenizer, "backend_tokenizer", None)
+    if backend is not None:
+        h.update(backend.to_str().encode())
+    else:  # a slow (Python) tokenizer: its vocabulary
+        h.update(json.dumps(sorted(tokenizer.get_vocab().items())).encode())
+    specials = {k: str(v) for k, v in sorted(tokenizer.special_tokens_map.items())}
+    h.update(json.dumps(specials, sort_keys=True).encode())
+    h.update(str(getattr(tokenizer, "chat_template", "") or "").encode())
+    name = Path(str(getattr(tokenizer, "name_or_path", "") or "unknown")).name
+    return {"name": name, "sha256": "sha256:" + h.hexdigest()}

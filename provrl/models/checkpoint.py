@@ -8,24 +8,19 @@ from __future__ import annotations
 
 import json
 import os
-import tempfile
 from pathlib import Path
 from typing import Any
 
 import torch
+
+from provrl._sys import atomic_tmp_dir
+from provrl.models.chat import tokenizer_identity
 
 METADATA_FILE = "provrl.json"
 
 
 class CheckpointError(ValueError):
     """A checkpoint is missing, incomplete or corrupt; the message names the file."""
-
-
-def atomic_tmp_dir(final: Path) -> Path:
-    """A fresh sibling of ``final`` to write into and then rename to ``final``, so a crash
-    never leaves a half-written directory under the final name."""
-    final.parent.mkdir(parents=True, exist_ok=True)
-    return Path(tempfile.mkdtemp(prefix=final.name + ".tmp-", dir=final.parent))
 
 
 def save_checkpoint(
@@ -43,8 +38,6 @@ def save_checkpoint(
     model.save_pretrained(tmp, safe_serialization=True)
     portable_config(tmp / "config.json")
     if tokenizer is not None:
-        from provrl.models.loading import tokenizer_identity
-
         tokenizer.save_pretrained(tmp)
         portable_tokenizer_config(tmp / "tokenizer_config.json")
         metadata.setdefault("tokenizer", tokenizer_identity(tokenizer))

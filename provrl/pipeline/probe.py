@@ -31,20 +31,25 @@ from typing import Any
 
 import numpy as np
 
+from provrl._sys import file_sha256, write_json
+from provrl.engine.api import EngineFactory
+from provrl.engine.config import EngineConfig
+from provrl.env.config import EnvConfig
 from provrl.env.tasks import Task, load_tasks, save_tasks
 from provrl.filtering import (
     POOLS,
     FilterError,
     assign_pools,
     band,
-    file_sha256,
     k_histogram,
     manifest_problems,
     plot_retention,
     retention,
     transitions,
 )
-from provrl.pipeline.rundir import write_json
+from provrl.rollout.collector import Collector
+from provrl.rollout.setup import agent_tools, open_policy_env
+from provrl.trajlog import TrajectoryWriter, read_trajectories
 
 
 def manifest(
@@ -90,14 +95,12 @@ def manifest(
 
 
 def current_manifest(
-    policy: str, world_dir: Path, env_cfg: Any, *, k: int, seed: int, dtype: str
+    policy: str, world_dir: Path, env_cfg: EnvConfig, *, k: int, seed: int, dtype: str
 ) -> dict[str, Any]:
     """The manifest a probe of ``policy`` with today's tools would write (no model load)."""
-    from provrl.env.agent import tools_identity
-    from provrl.env.evaluate import search_backend
     from provrl.models.loading import policy_fingerprint
 
-    tools = tools_identity(search_backend(world_dir, env_cfg), env_cfg.search, env_cfg.agent)
+    tools = agent_tools(world_dir, env_cfg, shots=False).identity
     return manifest(policy, policy_fingerprint(policy), env_cfg, tools, k=k, seed=seed, dtype=dtype)
 
 
@@ -105,23 +108,20 @@ def run_probe(
     policy: str,
     tasks: Sequence[Task],
     world_dir: Path,
-    env_cfg: Any,
+    env_cfg: EnvConfig,
     out: Path,
     *,
     k: int,
     seed: int,
     dtype: str = "float32",
-    engine_cfg: Any = None,
+    engine_cfg: EngineConfig | None = None,
     concurrency: int = 32,
     progress: bool = True,
-    make_engine: Any = None,
+    make_engine: EngineFactory | None = None,
 ) -> dict[str, Any]:
     """Probe ``tasks`` k times each with ``policy`` (see the module docstring); returns (and
-    writes) ``probe.json``. ``make_engine``: as :func:`~provrl.pipeline.collector.open_policy_env`
+    writes) ``probe.json``. ``make_engine``: as :func:`~provrl.rollout.setup.open_policy_env`
     (the pipeline passes the run config's backend)."""
-    from provrl.pipeline.collector import Collector, open_policy_env
-    from provrl.trajlog import TrajectoryWriter, read_trajectories
-
     if not tasks:
         raise FilterError(f"{out}: no tasks to probe")
     out.mkdir(parents=True, exist_ok=True)
@@ -154,7 +154,11 @@ def run_probe(
         ) as col,
     ):
         man = manifest(policy, lm.fingerprint, env_cfg, env.tools, k=k, seed=seed, dtype=dtype) | {
-            "tasks": {"file": str(task_file), "sha256": file_sha256(task_file), "n": len(tasks)}
+            "tasks": {
+                "file": str(task_file),
+                "sha256": "sha256:" + file_sha256(task_file),
+                "n": len(tasks),
+            }
         }
         _check_or_write_manifest(out / "manifest.json", man)
         for g in col.run(tasks, k, done=done):

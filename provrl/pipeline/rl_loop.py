@@ -33,6 +33,7 @@ carry a version that a resumed run would produce again.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import time
@@ -44,14 +45,24 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+import torch
+from tqdm import tqdm
 
+from provrl._sys import release_memory, rss_mb, write_json
+from provrl.distributed.factory import fleet_summary
+from provrl.engine.api import EngineFactory, HotLoadMode
 from provrl.env.tasks import Task
 from provrl.failpoints import failpoint
+from provrl.models.loading import load_model
 from provrl.pipeline.admission import group_lag, may_start, split_stale
-from provrl.pipeline.collector import Collector, Group, build_env
-from provrl.pipeline.rundir import COMPLETE, RunDir, release_memory, write_json
+from provrl.pipeline.engines import engine_factory, make_learner
+from provrl.pipeline.rundir import COMPLETE, RunDir
 from provrl.provenance import Trajectory
-from provrl.run_config import RunConfig
+from provrl.report.metrics import MetricsWriter
+from provrl.rollout.collector import Collector, Group
+from provrl.rollout.setup import build_env
+from provrl.run_config.run import RunConfig
+from provrl.trajlog import TrajectoryWriter, read_trajectories
 
 
 class TaskOrder:
@@ -116,263 +127,354 @@ def batch_stats(groups: Sequence[Group], trainer_version: int) -> dict[str, Any]
     }
 
 
+class RLLoop:
+    """The RL stage, one named step at a time (see the module docstring)::
+
+        loop = RLLoop(cfg, run, world_dir, tasks, start_policy)   # model, engine, learner,
+                                                                  # and what RUN/rl holds
+        with loop:                 # the log writer and the collector; untrained groups back
+            loop.run_sync()        # or loop.run_async()
+        summary = loop.finish()    # close the engine and the learner; the stage summary
+
+    :meth:`run` (and :func:`run_rl`) is exactly that. Everything the two loops share is an
+    attribute; the methods that change it — :meth:`submit_next`, :meth:`finish_step`,
+    :meth:`drop_stale` — run on the loop's thread; the learner thread runs only
+    :meth:`train`."""
+
+    def __init__(
+        self,
+        cfg: RunConfig,
+        run: RunDir,
+        world_dir: Path,
+        tasks: Sequence[Task],
+        start_policy: str,
+        *,
+        progress: bool = True,
+        engines: EngineFactory | None = None,
+    ) -> None:
+        """Load the newest checkpoint's weights (or ``start_policy``), start the engine (from
+        ``engines``, the run's engine factory; default
+        :func:`~provrl.pipeline.engines.engine_factory`) and the learner, and read back what
+        ``RUN/rl`` already holds (:meth:`resume_from_log`)."""
+        self.cfg, self.run_dir, self.start_policy = cfg, run, start_policy
+        self.loop, self.rl_dir = cfg.pipeline.loop, run.stage("rl")
+        self.order = TaskOrder(tasks, cfg.pipeline.tasks.seed + 1)
+        self.by_id = {t.task_id: t for t in tasks}
+        latest = run.latest_checkpoint()
+        self.state = RLState()
+        policy_path = start_policy
+        if latest is not None:
+            self.state = RLState(**json.loads((latest[1] / "state.json").read_text()))
+            policy_path = str(latest[1])
+        torch.manual_seed(cfg.seed + self.state.version)
+        self.lm = load_model(policy_path, dtype=cfg.model.dtype, device=cfg.model.device)
+        self.engine_threads, self.trainer_threads = cfg.engine.threads, 0
+        if self.loop.mode == "async" and self.loop.split_cores:
+            half = max(1, torch.get_num_threads() // 2)
+            self.engine_threads, self.trainer_threads = half, half
+        engine_cfg = cfg.engine.model_copy(
+            update={
+                "max_seqs": max(cfg.engine.max_seqs, self.loop.concurrency),
+                "seed": cfg.seed + self.state.version,
+                "threads": self.engine_threads,
+            }
+        )
+        engines = engines or engine_factory(cfg)  # engine.backend: local | vllm | ray
+        self.engine = engines(self.lm, engine_cfg, version=self.state.version)
+        self.env = build_env(
+            self.engine, self.lm, world_dir, cfg.env, extra={"start": start_policy}
+        )
+        self.metrics = MetricsWriter.from_logging(
+            self.rl_dir, cfg.logging, config=cfg.model_dump(mode="json")
+        )
+        self.learner = make_learner(  # engine.backend: ray → a trainer actor; else this process
+            self.lm,
+            cfg,
+            self.engine,
+            version=self.state.version,
+            metrics=self.metrics,
+            threads=self.trainer_threads,
+            optimizer_state=None if latest is None else latest[1],
+        )
+        self.log_path = self.rl_dir / "trajectories.jsonl"
+        self.steps_log = self.rl_dir / "steps.jsonl"
+        self.dropped_before = len(set(self.state.dropped))  # trajectories, earlier sessions
+        self.partial, self.cursor, self.resumed = self.resume_from_log()
+        self.t_session = time.perf_counter()  # this process: the engine's counters start here
+        self.t_start = self.t_session - self.state.wall_s  # the stage: accumulates across resumes
+        self.trainer_busy = self.state.trainer_busy_s
+        self.ready: list[Group] = []
+        """Completed groups not yet trained, oldest first."""
+        self.outstanding = 0
+        """Groups started (or resubmitted) and not yet trained or dropped."""
+        self.groups_dropped = 0
+        """Groups this session dropped as too stale (async)."""
+        self.collector_summary: dict[str, Any] = {}
+        self._stack = contextlib.ExitStack()
+        self.col: Collector | None = None
+        self.bar = tqdm(
+            total=self.loop.steps,
+            initial=self.state.steps,
+            desc=f"rl ({self.loop.mode})",
+            unit="step",
+            dynamic_ncols=True,
+            disable=not progress,
+        )
+
+    # ------------------------------------------------------------------ resume
+    def resume_from_log(self) -> tuple[dict[str, list[Trajectory]], int, dict[str, int]]:
+        """What the trajectory log holds beyond the checkpoint: the untrained samples by
+        group, the data cursor (one past the newest group started) and the counts the
+        summary reports."""
+        logged = list(read_trajectories(self.log_path)) if self.log_path.is_file() else []
+        trained, dropped = set(self.state.trained), set(self.state.dropped)
+        partial: dict[str, list[Trajectory]] = defaultdict(list)
+        for t in logged:
+            key = str(t.meta.get("group", ""))
+            if t.traj_id in trained or t.traj_id in dropped or "#r" not in key:
+                continue
+            partial[key].append(t)
+        cursor = 0
+        for t in logged:
+            r = int(t.meta.get("round", 0))
+            if t.task_id in self.by_id:
+                cursor = max(cursor, self.order.index(t.task_id, r) + 1)
+        return (
+            partial,
+            cursor,
+            {"trajectories_in_log": len(logged), "untrained_groups": len(partial)},
+        )
+
+    def __enter__(self) -> RLLoop:
+        """Open the log writer and the collector, and resubmit the untrained groups of the
+        log (sync drops them: strict on-policy never trains what an earlier version sampled)."""
+        writer = self._stack.enter_context(TrajectoryWriter(self.log_path))
+        self.col = self._stack.enter_context(
+            Collector(
+                self.env, concurrency=self.loop.concurrency, seed=self.cfg.seed, writer=writer
+            )
+        )
+        for key, trajs in self.partial.items():
+            task_id, round_ = key.split("#r")
+            if self.loop.mode == "sync" or task_id not in self.by_id:
+                self.state.dropped.extend(t.traj_id for t in trajs)
+                continue
+            self.col.submit(self.by_id[task_id], self.loop.k, round=int(round_), done=trajs)
+            self.outstanding += 1
+        return self
+
+    def __exit__(self, exc_type: object, *exc: object) -> None:
+        try:
+            if exc_type is None and self.col is not None:
+                self.col.drain()
+                self.collector_summary = self.col.summary()
+        finally:
+            self._stack.close()
+            self.col = None
+
+    @property
+    def collector(self) -> Collector:
+        if self.col is None:
+            raise RuntimeError("RLLoop: enter the loop (with loop: ...) before running it")
+        return self.col
+
+    # ------------------------------------------------------------------ admit / submit
+    def submit_next(self) -> None:
+        """Start the group at the data cursor and advance the cursor."""
+        task, r = self.order[self.cursor]
+        self.collector.submit(task, self.loop.k, round=r)
+        self.cursor += 1
+        self.outstanding += 1
+
+    def drop_stale(self) -> None:
+        """Drop the ready groups a step on the learner's version could not train within
+        ``max_lag`` (async)."""
+        fresh, stale = split_stale(self.ready, self.learner.version, self.loop.max_lag)
+        for g in stale:
+            self.state.dropped.extend(t.traj_id for t in g.trajectories)
+            self.groups_dropped += 1
+            self.outstanding -= 1
+        self.ready = fresh
+
+    # ------------------------------------------------------------------ one step
+    def train(self, groups: list[Group]) -> tuple[Any, dict[str, Any]]:
+        """One optimizer step on ``groups`` (the async loop runs it on the learner thread):
+        the update and the batch's statistics. Changes nothing the loop's thread reads."""
+        stats = batch_stats(groups, self.learner.version)
+        result = self.learner.step([t for g in groups for t in g.trajectories])
+        return result, stats
+
+    def finish_step(
+        self, result: Any, stats: dict[str, Any], groups: list[Group], mode: HotLoadMode
+    ) -> None:
+        """After a step: checkpoint u+1, record the step, then hot-load u+1 (``mode``) — never
+        the other way round, so no token is sampled under a version a crash could lose."""
+        self.outstanding -= len(groups)
+        self.trainer_busy += float(result.metrics.get("step_s", 0.0))
+        self.state.trained.extend(t.traj_id for g in groups for t in g.trajectories)
+        self.state.steps += 1
+        self.save(result.version)  # before the engine may sample a single token of it
+        self.record(dict(result.metrics), stats)
+        failpoint("rl.saved")  # version u+1 saved, not yet loaded anywhere
+        self.engine.load_weights(result.weights, result.version, mode=mode)
+        failpoint("rl.hotloaded")
+        release_memory()
+        self.bar.update(1)
+        self.bar.set_postfix(acc=f"{stats['accuracy']:.2f}", calls=f"{stats['tool_calls']:.2f}")
+
+    def save(self, result_version: int) -> None:
+        """Checkpoint u+1 (weights, optimizer, RNG, trained ids) — complete before hot-load."""
+        final = self.rl_dir / f"ckpt-v{result_version}"
+        self.learner.save(final, kind="rl", version=result_version, start_policy=self.start_policy)
+        self.state.version = result_version
+        self.state.wall_s = time.perf_counter() - self.t_start
+        self.state.trainer_busy_s = self.trainer_busy
+        write_json(final / "state.json", self.state.__dict__)
+        (final / COMPLETE).write_text("")
+        self.run_dir.prune_checkpoints(keep=1)
+
+    def record(self, step_metrics: dict[str, Any], stats: dict[str, Any]) -> None:
+        """One line of ``steps.jsonl`` and the batch statistics in the metrics sink."""
+        line = {
+            "step": self.state.steps,
+            "version": self.state.version,
+            **stats,
+            **step_metrics,
+            "wall_s": time.perf_counter() - self.t_start,
+            "rss_mb": rss_mb(),
+        }
+        with open(self.steps_log, "a") as f:
+            f.write(json.dumps(line, default=float) + "\n")
+        self.metrics.log(
+            self.state.steps,
+            {k: v for k, v in stats.items() if isinstance(v, int | float)},
+            prefix="rl_batch",
+        )
+
+    # ------------------------------------------------------------------ the two loops
+    def run_sync(self) -> None:
+        """Strict on-policy: roll out G groups under the learner's version, check that every
+        action token has it, train, drain-load the new version; until ``steps``."""
+        col, G, k = self.collector, self.loop.groups_per_step, self.loop.k
+        while self.state.steps < self.loop.steps:
+            while col.queued + col.in_flight < G * k and len(self.ready) < G:
+                self.submit_next()
+            while len(self.ready) < G:
+                self.ready.extend(col.poll(0.2))
+            batch, self.ready = self.ready[:G], self.ready[G:]
+            for g in batch:  # strict on-policy: every token from the weights being updated
+                for t in g.trajectories:
+                    vs = t.version[t.is_action]
+                    if len(vs) and (vs != self.learner.version).any():
+                        raise AssertionError(
+                            f"sync: {t.traj_id} has versions {sorted(set(vs.tolist()))}, "
+                            f"trainer is at {self.learner.version}"
+                        )
+            result, stats = self.train(batch)
+            self.finish_step(result, stats, batch, "drain")
+
+    def run_async(self) -> None:
+        """Hot-load: rollouts never stop (admission bounds staleness); whenever the learner
+        is idle and G fresh groups are ready it trains them on its own thread, and each new
+        version is hot-loaded into the running engine (``hotload`` mode); until ``steps``."""
+        col, G, lag = self.collector, self.loop.groups_per_step, self.loop.max_lag
+        background = ThreadPoolExecutor(
+            1,
+            thread_name_prefix="learner",
+            initializer=_set_threads,
+            initargs=(self.trainer_threads,),
+        )
+        fut: Future[tuple[Any, dict[str, Any]]] | None = None
+        in_training: list[Group] = []
+        try:
+            while self.state.steps < self.loop.steps:
+                while col.queued < self.loop.concurrency and may_start(self.outstanding, G, lag):
+                    self.submit_next()
+                self.ready.extend(col.poll(0.05))
+                if fut is not None and fut.done():
+                    result, stats = fut.result()
+                    self.finish_step(result, stats, in_training, self.loop.hotload)
+                    fut, in_training = None, []
+                if fut is None and self.state.steps < self.loop.steps:
+                    self.drop_stale()
+                    if len(self.ready) >= G:
+                        in_training, self.ready = self.ready[:G], self.ready[G:]
+                        assert all(group_lag(g, self.learner.version) <= lag for g in in_training)
+                        fut = background.submit(self.train, in_training)
+        finally:
+            background.shutdown(wait=True)
+
+    # ------------------------------------------------------------------ the end
+    def run(self) -> dict[str, Any]:
+        """The whole stage: the loop ``pipeline.loop.mode`` names, then :meth:`finish`."""
+        with self:
+            if self.loop.mode == "sync":
+                self.run_sync()
+            else:
+                self.run_async()
+        return self.finish()
+
+    def finish(self) -> dict[str, Any]:
+        """Close the learner, the engine and the metrics sink; the stage summary."""
+        self.bar.close()
+        eng = self.engine.stats()
+        fleet = fleet_summary(self.engine, eng)  # engine.backend: ray — versions per replica
+        trainer_info = self.learner.info()
+        self.learner.close()
+        self.engine.close()
+        self.metrics.close()
+        wall = time.perf_counter() - self.t_start
+        session = time.perf_counter() - self.t_session
+        latest = self.run_dir.latest_checkpoint()
+        summary = {
+            "mode": self.loop.mode,
+            "steps": self.state.steps,
+            "final_version": self.state.version,
+            "checkpoint": str(latest[1]) if latest else self.start_policy,
+            "trajectories_trained": len(self.state.trained),
+            "groups_dropped_stale": self.groups_dropped + self.dropped_before,
+            "resumed": self.resumed,
+            "wall_s": wall,
+            "stage_wall_s": wall,
+            "session_wall_s": session,
+            "trainer_busy_s": self.trainer_busy,
+            "trainer_idle_frac": max(0.0, 1 - self.trainer_busy / wall) if wall else 0.0,
+            # the engine's counters cover this process only (a resumed run starts a new engine)
+            "engine_busy_frac": min(
+                1.0, eng.get("busy_s", 0.0) / eng.get("replicas", 1.0) / session
+            )
+            if session
+            else 0.0,
+            "threads": {"engine": self.engine_threads, "trainer": self.trainer_threads},
+            "trainer": trainer_info,
+            "engine": {
+                k: eng[k]
+                for k in ("tokens_generated", "hotloads", "evictions", "busy_s")
+                if k in eng
+            },
+            "collector": self.collector_summary,
+        }
+        if fleet is not None:
+            summary["ray"] = fleet
+        return summary
+
+
 def run_rl(
     cfg: RunConfig,
     run: RunDir,
     world_dir: Path,
     tasks: Sequence[Task],
     start_policy: str,
-    *,
-    progress: bool = True,
+    **opts: Any,
 ) -> dict[str, Any]:
-    """Train ``start_policy`` with RL on ``tasks`` (see the module docstring); returns the
-    stage summary. Resumes from ``RUN/rl`` when it holds a checkpoint or a log."""
-    import torch
-
-    from provrl.distributed import fleet_summary, make_learner, make_rollout_engine
-    from provrl.models import load_model
-    from provrl.report.metrics import MetricsWriter
-    from provrl.trajlog import TrajectoryWriter, read_trajectories
-
-    loop, rl_dir = cfg.pipeline.rl, run.stage("rl")
-    latest = run.latest_checkpoint()
-    state = RLState()
-    policy_path = start_policy
-    if latest is not None:
-        state = RLState(**json.loads((latest[1] / "state.json").read_text()))
-        policy_path = str(latest[1])
-    torch.manual_seed(cfg.seed + state.version)
-    lm = load_model(policy_path, dtype=cfg.model.dtype, device=cfg.model.device)
-    engine_threads, trainer_threads = cfg.engine.threads, 0
-    if loop.mode == "async" and loop.split_cores:
-        half = max(1, torch.get_num_threads() // 2)
-        engine_threads, trainer_threads = half, half
-    engine_cfg = cfg.engine.model_copy(
-        update={
-            "max_seqs": max(cfg.engine.max_seqs, loop.concurrency),
-            "seed": cfg.seed + state.version,
-            "threads": engine_threads,
-        }
-    )
-    engine = make_rollout_engine(lm, cfg, engine_cfg, version=state.version)  # backend: local | ray
-    env = build_env(engine, lm, world_dir, cfg.env, extra={"start": start_policy})
-    metrics = MetricsWriter.from_logging(rl_dir, cfg.logging, config=cfg.model_dump(mode="json"))
-    learner = make_learner(  # backend: local → this process; ray → a trainer actor
-        lm,
-        cfg,
-        engine,
-        version=state.version,
-        metrics=metrics,
-        threads=trainer_threads,
-        optimizer_state=None if latest is None else latest[1],
-    )
-
-    order = TaskOrder(tasks, cfg.pipeline.tasks.seed + 1)
-    by_id = {t.task_id: t for t in tasks}
-    trained, dropped = set(state.trained), set(state.dropped)
-    log_path = rl_dir / "trajectories.jsonl"
-    logged: list[Trajectory] = list(read_trajectories(log_path)) if log_path.is_file() else []
-    G, k = loop.groups_per_step, loop.k
-
-    # --- rebuild the queue from the log: untrained groups, and the data cursor ---------------
-    partial: dict[str, list[Trajectory]] = defaultdict(list)
-    cursor = 0
-    for t in logged:
-        key = str(t.meta.get("group", ""))
-        if t.traj_id in trained or t.traj_id in dropped or "#r" not in key:
-            continue
-        partial[key].append(t)
-    for t in logged:
-        r = int(t.meta.get("round", 0))
-        if t.task_id in by_id:
-            cursor = max(cursor, order.index(t.task_id, r) + 1)
-    resumed = {"trajectories_in_log": len(logged), "untrained_groups": len(partial)}
-
-    steps_log = rl_dir / "steps.jsonl"
-    t_session = time.perf_counter()  # this process: the engine's counters start here
-    t_start = t_session - state.wall_s  # the stage: wall time accumulates across resumes
-    trainer_busy = state.trainer_busy_s
-    ready: list[Group] = []
-    n_dropped_groups = 0
-    outstanding = 0  # groups started (or resubmitted) and not yet trained or dropped
-
-    def save(result_version: int) -> None:
-        """Checkpoint u+1 (weights, optimizer, RNG, trained ids) — complete before hot-load."""
-        final = rl_dir / f"ckpt-v{result_version}"
-        learner.save(final, kind="rl", version=result_version, start_policy=start_policy)
-        state.version, state.wall_s = result_version, time.perf_counter() - t_start
-        state.trainer_busy_s = trainer_busy
-        write_json(final / "state.json", state.__dict__)
-        (final / COMPLETE).write_text("")
-        run.prune_checkpoints(keep=1)
-
-    def record(step_metrics: dict[str, Any], stats: dict[str, Any]) -> None:
-        line = {
-            "step": state.steps,
-            "version": state.version,
-            **stats,
-            **step_metrics,
-            "wall_s": time.perf_counter() - t_start,
-            "rss_mb": _rss_mb(),
-        }
-        with open(steps_log, "a") as f:
-            f.write(json.dumps(line, default=float) + "\n")
-        metrics.log(
-            state.steps,
-            {k: v for k, v in stats.items() if isinstance(v, int | float)},
-            prefix="rl_batch",
-        )
-
-    def train(groups: list[Group]) -> tuple[Any, dict[str, Any]]:
-        stats = batch_stats(groups, learner.version)
-        result = learner.step([t for g in groups for t in g.trajectories])
-        return result, stats
-
-    def finish_step(result: Any, stats: dict[str, Any], groups: list[Group], mode: str) -> None:
-        nonlocal trainer_busy, outstanding
-        outstanding -= len(groups)
-        trainer_busy += float(result.metrics.get("step_s", 0.0))
-        state.trained.extend(t.traj_id for g in groups for t in g.trajectories)
-        state.steps += 1
-        save(result.version)  # before the engine may sample a single token of it
-        record(dict(result.metrics), stats)
-        failpoint("rl.saved")  # version u+1 saved, not yet loaded anywhere
-        engine.load_weights(result.weights, result.version, mode=mode)  # type: ignore[arg-type]
-        failpoint("rl.hotloaded")
-        release_memory()
-        bar.update(1)
-        bar.set_postfix(acc=f"{stats['accuracy']:.2f}", calls=f"{stats['tool_calls']:.2f}")
-
-    from tqdm import tqdm
-
-    bar = tqdm(
-        total=loop.steps,
-        initial=state.steps,
-        desc=f"rl ({loop.mode})",
-        unit="step",
-        dynamic_ncols=True,
-        disable=not progress,
-    )
-    with (
-        TrajectoryWriter(log_path) as writer,
-        Collector(env, concurrency=loop.concurrency, seed=cfg.seed, writer=writer) as col,
-    ):
-        for key, trajs in partial.items():
-            task_id, round_ = key.split("#r")
-            if loop.mode == "sync" or task_id not in by_id:
-                # strict on-policy never trains what an earlier version sampled
-                state.dropped.extend(t.traj_id for t in trajs)
-                continue
-            col.submit(by_id[task_id], k, round=int(round_), done=trajs)
-            outstanding += 1
-
-        def next_group() -> None:
-            nonlocal cursor, outstanding
-            task, r = order[cursor]
-            col.submit(task, k, round=r)
-            cursor += 1
-            outstanding += 1
-
-        if loop.mode == "sync":
-            while state.steps < loop.steps:
-                while col.queued + col.in_flight < G * k and len(ready) < G:
-                    next_group()
-                while len(ready) < G:
-                    ready.extend(col.poll(0.2))
-                batch, ready = ready[:G], ready[G:]
-                for g in batch:  # strict on-policy: every token from the weights being updated
-                    for t in g.trajectories:
-                        vs = t.version[t.is_action]
-                        if len(vs) and (vs != learner.version).any():
-                            raise AssertionError(
-                                f"sync: {t.traj_id} has versions {sorted(set(vs.tolist()))}, "
-                                f"trainer is at {learner.version}"
-                            )
-                result, stats = train(batch)
-                finish_step(result, stats, batch, "drain")
-        else:
-            background = ThreadPoolExecutor(
-                1,
-                thread_name_prefix="learner",
-                initializer=lambda: _set_threads(trainer_threads),
-            )
-            fut: Future[tuple[Any, dict[str, Any]]] | None = None
-            in_training: list[Group] = []
-            try:
-                while state.steps < loop.steps:
-                    while col.queued < loop.concurrency and may_start(outstanding, G, loop.max_lag):
-                        next_group()
-                    ready.extend(col.poll(0.05))
-                    if fut is not None and fut.done():
-                        result, stats = fut.result()
-                        finish_step(result, stats, in_training, loop.hotload)
-                        fut, in_training = None, []
-                    if fut is None and state.steps < loop.steps:
-                        fresh, stale = split_stale(ready, learner.version, loop.max_lag)
-                        for g in stale:
-                            state.dropped.extend(t.traj_id for t in g.trajectories)
-                            n_dropped_groups += 1
-                            outstanding -= 1
-                        ready = fresh
-                        if len(ready) >= G:
-                            in_training, ready = ready[:G], ready[G:]
-                            assert all(
-                                group_lag(g, learner.version) <= loop.max_lag for g in in_training
-                            )
-                            fut = background.submit(train, in_training)
-            finally:
-                background.shutdown(wait=True)
-        col.drain()
-        collector = col.summary()
-    bar.close()
-    eng = engine.stats()
-    fleet = fleet_summary(engine, eng)  # backend: ray — versions per replica, faults
-    trainer_info = learner.info()
-    learner.close()
-    engine.close()
-    metrics.close()
-    wall = time.perf_counter() - t_start
-    session = time.perf_counter() - t_session
-    summary = {
-        "mode": loop.mode,
-        "steps": state.steps,
-        "final_version": state.version,
-        "checkpoint": str(run.latest_checkpoint()[1]) if run.latest_checkpoint() else start_policy,  # type: ignore[index]
-        "trajectories_trained": len(state.trained),
-        "groups_dropped_stale": n_dropped_groups + len(dropped),
-        "resumed": resumed,
-        "wall_s": wall,
-        "stage_wall_s": wall,
-        "session_wall_s": session,
-        "trainer_busy_s": trainer_busy,
-        "trainer_idle_frac": max(0.0, 1 - trainer_busy / wall) if wall else 0.0,
-        # the engine's counters cover this process only (a resumed run starts a new engine)
-        "engine_busy_frac": min(1.0, eng.get("busy_s", 0.0) / eng.get("replicas", 1.0) / session)
-        if session
-        else 0.0,
-        "threads": {"engine": engine_threads, "trainer": trainer_threads},
-        "trainer": trainer_info,
-        "engine": {
-            k: eng[k] for k in ("tokens_generated", "hotloads", "evictions", "busy_s") if k in eng
-        },
-        "collector": collector,
-    }
-    if fleet is not None:
-        summary["ray"] = fleet
-    return summary
-
-
-def _rss_mb() -> float:
-    """Resident memory of this process in MiB (a leak across RL steps shows here)."""
-    import psutil
-
-    return float(psutil.Process().memory_info().rss) / 2**20
+    """Train ``start_policy`` with RL on ``tasks`` (see the module docstring) and return the
+    stage summary: :meth:`RLLoop.run`. Resumes from ``RUN/rl`` when it holds a checkpoint or a
+    log; ``opts``: ``progress``, ``engines`` (the run's engine factory)."""
+    return RLLoop(cfg, run, world_dir, tasks, start_policy, **opts).run()
 
 
 def _set_threads(n: int) -> None:
     """torch intra-op threads of the calling thread (0: leave the default)."""
-    import torch
-
     if n:
         torch.set_num_threads(n)
 

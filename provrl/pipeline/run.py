@@ -26,17 +26,28 @@ from typing import Any
 
 import numpy as np
 
-from provrl.config import ConfigError, dump_config
-from provrl.env.tasks import Task
-from provrl.pipeline.rundir import RunDir, release_memory
-from provrl.run_config import RunConfig
+from provrl._sys import release_memory
+from provrl.config import ConfigError, dump_config, load_config, old_name
+from provrl.env.build import ensure_world, load_split
+from provrl.env.oracle import run_oracle
+from provrl.env.tasks import Task, read_task_file
+from provrl.models.loading import load_tokenizer
+from provrl.pipeline import stages
+from provrl.pipeline.engines import engine_factory
+from provrl.pipeline.rl_loop import run_rl
+from provrl.pipeline.run_report import write_report
+from provrl.pipeline.rundir import RunDir
+from provrl.rollout.agent import oracle_trajectory
+from provrl.rollout.evaluate import select_tasks
+from provrl.rollout.setup import agent_tools
+from provrl.run_config.run import RunConfig
+from provrl.train.sft import run_sft
+from provrl.trajlog import TrajectoryWriter
 
 
 def slices(train: list[Task], test: list[Task], cfg: RunConfig) -> dict[str, list[Task]]:
     """The disjoint task slices of a run: warm start and probe from train, eval from test,
     all restricted to ``pipeline.tasks.tiers``."""
-    from provrl.env.evaluate import select_tasks
-
     s = cfg.pipeline.tasks
     pool = [t for t in train if t.tier in s.tiers]
     rng = np.random.default_rng([s.seed, 11])
@@ -49,8 +60,6 @@ def slices(train: list[Task], test: list[Task], cfg: RunConfig) -> dict[str, lis
     warm = pool[: s.warmstart] if cfg.pipeline.warmstart else []
     probe = pool[s.warmstart : s.warmstart + s.probe]
     if s.file is not None:
-        from provrl.env.tasks import read_task_file
-
         probe = read_task_file(s.file, split="train")
         overlap = {t.question for t in probe} & {t.question for t in test}
         if overlap:
@@ -66,8 +75,6 @@ def run_pipeline(cfg: RunConfig, run_dir: str | Path, *, progress: bool = True) 
     """Run (or resume) every stage of ``cfg`` in ``run_dir``; returns the final summary."""
     import torch
 
-    from provrl.env.build import ensure_world, load_split
-
     run = RunDir(run_dir)
     run.root.mkdir(parents=True, exist_ok=True)
     _write_config(run, cfg)
@@ -75,6 +82,7 @@ def run_pipeline(cfg: RunConfig, run_dir: str | Path, *, progress: bool = True) 
     np.random.seed(cfg.seed)
     torch.manual_seed(cfg.seed)
     say = _say(progress)
+    engines = engine_factory(cfg)  # the one engine factory: probe, RL and eval build through it
 
     # world ---------------------------------------------------------------------------------
     t0 = time.perf_counter()
@@ -102,10 +110,11 @@ def run_pipeline(cfg: RunConfig, run_dir: str | Path, *, progress: bool = True) 
     warm_policy = policy
 
     # probe and filter ----------------------------------------------------------------------
-    from provrl.pipeline import stages
 
     probe = _stage(
-        run, "probe", lambda: stages.probe(cfg, run, world_dir, sl["probe"], policy, progress)
+        run,
+        "probe",
+        lambda: stages.probe(cfg, run, world_dir, sl["probe"], policy, progress, engines),
     )
     pools = _stage(run, "filter", lambda: stages.filter_pools(cfg, run))
     stages.check_fresh(cfg, run, policy, world_dir)
@@ -120,10 +129,13 @@ def run_pipeline(cfg: RunConfig, run_dir: str | Path, *, progress: bool = True) 
         policy = done["checkpoint"]
 
     # RL --------------------------------------------------------------------------------------
-    from provrl.pipeline.rl_loop import run_rl
 
     pool = [t for name in cfg.pipeline.rl_pools for t in stages.load_pool(run, name)]
-    rl = _stage(run, "rl", lambda: run_rl(cfg, run, world_dir, pool, policy, progress=progress))
+    rl = _stage(
+        run,
+        "rl",
+        lambda: run_rl(cfg, run, world_dir, pool, policy, progress=progress, engines=engines),
+    )
     say(f"rl: {rl['steps']} steps ({rl['mode']}), final version {rl['final_version']}")
 
     # held-out evaluation ---------------------------------------------------------------------
@@ -139,7 +151,7 @@ def run_pipeline(cfg: RunConfig, run_dir: str | Path, *, progress: bool = True) 
             continue
         release_memory()
         results[name] = stages.evaluate_policy(
-            cfg, run, world_dir, name, policies[name], sl["eval"], progress
+            cfg, run, world_dir, name, policies[name], sl["eval"], progress, engines
         )
         say(
             f"eval {name}: accuracy {results[name]['accuracy']:.3f}, tool calls/solved "
@@ -150,7 +162,6 @@ def run_pipeline(cfg: RunConfig, run_dir: str | Path, *, progress: bool = True) 
     run.mark_done("eval", results)
 
     # report ------------------------------------------------------------------------------------
-    from provrl.pipeline.report import write_report
 
     report = write_report(run.root)
     run.mark_done("report", {"path": str(report)})
@@ -176,23 +187,16 @@ def warm_start(
     cfg: RunConfig, run: RunDir, world_dir: Path, tasks: list[Task], progress: bool
 ) -> dict[str, Any]:
     """Oracle traces of ``tasks`` (teacher data, labelled as such) → SFT of the base model."""
-    from provrl.env.agent import oracle_trajectory, tools_identity
-    from provrl.env.evaluate import search_backend
-    from provrl.env.oracle import run_oracle
-    from provrl.models import load_tokenizer
-    from provrl.train.sft import run_sft
-    from provrl.trajlog import TrajectoryWriter
-
     d = run.stage("warmstart")
     a = cfg.env.agent
-    backend = search_backend(world_dir, cfg.env)
-    tools = tools_identity(backend, cfg.env.search, a)
+    tools = agent_tools(world_dir, cfg.env, shots=False)  # teacher traces have no shots
+    backend = tools.backend
     tok = load_tokenizer(cfg.model.name)
     traces = []
     for t in tasks:
         r = run_oracle(t, backend, cfg.env.search.k, a.protocol)
         if r.solved:
-            tr = oracle_trajectory(t, r, tok, a, tools, traj_id=f"{t.task_id}-oracle")
+            tr = oracle_trajectory(t, r, tok, a, tools.identity, traj_id=f"{t.task_id}-oracle")
             tr.meta["source"] = "teacher"
             traces.append(tr)
     (d / "teacher.jsonl").unlink(missing_ok=True)  # a rerun after a kill rewrites it whole
@@ -212,12 +216,14 @@ def _write_config(run: RunDir, cfg: RunConfig) -> None:
     text = dump_config(cfg)
     if p.is_file():
         new = yaml.safe_load(text)
-        # a field added to RunConfig since the run started is absent from its config.yaml:
-        # it is read at its default, so the old config is compared with those filled in
-        defaults = yaml.safe_load(dump_config(type(cfg)()))
-        old = _fill_missing(yaml.safe_load(p.read_text()), defaults)
+        # read back through the config class: a field added since the run started (absent
+        # from its config.yaml) is read at its default, and an old key name (RunConfig.OLD_KEYS,
+        # renamed sections) as the key it now sets, so the two are compared key for key
+        old = yaml.safe_load(dump_config(load_config(type(cfg), p)))
         diff = _first_diff(_without(old, RESUMABLE), _without(new, RESUMABLE))
         if diff is not None:
+            was = old_name(type(cfg), diff.split(":", 1)[0])
+            diff += f"; {was} before it was renamed" if was else ""
             raise ConfigError(
                 f"{p}: the run was started with a different config ({diff}); use a new run "
                 "directory, or the same config to resume"
@@ -249,16 +255,6 @@ def _without(tree: dict[str, Any], keys: tuple[str, ...]) -> dict[str, Any]:
             node = node.get(part, {})
         if isinstance(node, dict):
             node.pop(last, None)
-    return out
-
-
-def _fill_missing(tree: Any, defaults: Any) -> Any:
-    """``tree`` with every key it lacks taken from ``defaults`` (recursively)."""
-    if not (isinstance(tree, dict) and isinstance(defaults, dict)):
-        return tree
-    out = dict(tree)
-    for k, v in defaults.items():
-        out[k] = _fill_missing(out[k], v) if k in out else v
     return out
 
 

@@ -19,26 +19,16 @@ Every JSON file is written to a temporary name and renamed (atomic on POSIX), so
 
 from __future__ import annotations
 
-import contextlib
 import json
 import os
 import shutil
 from pathlib import Path
 from typing import Any
 
+from provrl._sys import write_json
+
 STAGES = ("world", "warmstart", "probe", "filter", "selfsft", "rl", "eval", "report")
 COMPLETE = "COMPLETE"
-
-
-def write_json(path: Path, obj: Any) -> None:
-    """Write ``obj`` as JSON to ``path`` atomically (temp file + fsync + rename)."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
-    with open(tmp, "w") as f:
-        json.dump(obj, f, indent=2, default=str)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
 
 
 class RunDir:
@@ -91,17 +81,3 @@ class RunDir:
         for p in rl.glob("ckpt-v*") if rl.is_dir() else ():
             if p not in keep_dirs and p.is_dir():
                 shutil.rmtree(p, ignore_errors=True)
-
-
-def release_memory() -> None:
-    """Return freed heap to the OS: between stages (each loads its own model, optimizer and
-    KV cache) and after every RL step (each frees a state-dict copy and the backward pass's
-    activations, of sizes that change with the batch, on threads with their own malloc
-    arenas). glibc keeps freed pages otherwise: run d3 grew ≈ 420 MB a step until the OOM
-    killer stopped it (docs/pipeline.md). A no-op where libc has no ``malloc_trim``."""
-    import ctypes
-    import gc
-
-    gc.collect()
-    with contextlib.suppress(OSError, AttributeError):
-        ctypes.CDLL("libc.so.6").malloc_trim(0)

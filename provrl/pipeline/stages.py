@@ -14,19 +14,30 @@ from typing import Any
 
 import numpy as np
 
+from provrl.engine.api import EngineFactory
 from provrl.env.tasks import Task, load_tasks
+from provrl.pipeline.engines import stage_engine_config
+from provrl.pipeline.probe import check_fresh as check
+from provrl.pipeline.probe import current_manifest, run_filter, run_probe
 from provrl.pipeline.rundir import RunDir
-from provrl.run_config import RunConfig
+from provrl.rollout.evaluate import evaluate
+from provrl.run_config.run import RunConfig
+from provrl.train.sft import run_sft
+from provrl.trajlog import read_all
 
 
 def probe(
-    cfg: RunConfig, run: RunDir, world_dir: Path, tasks: list[Task], policy: str, progress: bool
+    cfg: RunConfig,
+    run: RunDir,
+    world_dir: Path,
+    tasks: list[Task],
+    policy: str,
+    progress: bool,
+    engines: EngineFactory,
 ) -> dict[str, Any]:
     """k samples per task with the current policy and tools, into ``RUN/probe`` (a probe
     directory, :mod:`provrl.pipeline.probe`; resumable)."""
-    from provrl.pipeline.probe import run_probe
-
-    loop = cfg.pipeline.rl
+    loop = cfg.pipeline.loop
     out = run_probe(
         policy,
         tasks,
@@ -36,10 +47,10 @@ def probe(
         k=loop.k,
         seed=cfg.seed,
         dtype=cfg.model.dtype,
-        engine_cfg=_engine_cfg(cfg, loop.concurrency),
+        engine_cfg=stage_engine_config(cfg, loop.concurrency),
         concurrency=loop.concurrency,
         progress=progress,
-        make_engine=rollout_engines(cfg),
+        make_engine=engines,
     )
     out.pop("records")  # in RUN/probe/probe.json; the stage marker keeps the summary
     return out
@@ -48,8 +59,6 @@ def probe(
 def filter_pools(cfg: RunConfig, run: RunDir) -> dict[str, Any]:
     """The probe's tasks into kept / unsolved / solved (``pipeline.filter`` band), with the
     retention report, into ``RUN/filter``."""
-    from provrl.pipeline.probe import run_filter
-
     f = cfg.pipeline.filter
     out = run_filter(
         run.root / "probe", run.stage("filter"), lo=f.min_successes, hi=f.max_successes, report=True
@@ -65,11 +74,8 @@ def load_pool(run: RunDir, name: str) -> list[Task]:
 def check_fresh(cfg: RunConfig, run: RunDir, policy: str, world_dir: Path) -> list[str]:
     """Refuse pools probed with another policy or tool configuration than the RL stage will
     use (unless ``pipeline.allow_stale_pools``)."""
-    from provrl.pipeline.probe import check_fresh as check
-    from provrl.pipeline.probe import current_manifest
-
     now = current_manifest(
-        policy, world_dir, cfg.env, k=cfg.pipeline.rl.k, seed=cfg.seed, dtype=cfg.model.dtype
+        policy, world_dir, cfg.env, k=cfg.pipeline.loop.k, seed=cfg.seed, dtype=cfg.model.dtype
     )
     summary = json.loads((run.root / "filter" / "filter.json").read_text())
     return check(summary, now, allow=cfg.pipeline.allow_stale_pools)
@@ -80,8 +86,6 @@ def self_sft(
 ) -> dict[str, Any]:
     """SFT of ``policy`` on its own successful probe traces, the one with the fewest tool
     calls per task (labelled policy data)."""
-    from provrl.train.sft import run_sft
-
     d = run.stage("selfsft")
     sft_cfg = cfg.sft.model_copy(update={"selection": "fewest_tool_calls", "max_per_task": 1})
     out = run_sft(
@@ -104,11 +108,10 @@ def evaluate_policy(
     policy: str,
     tasks: list[Task],
     progress: bool,
+    engines: EngineFactory,
 ) -> dict[str, Any]:
     """Evaluate ``policy`` on the eval slice of the test split, k samples per task, with
     binomial standard errors; resumable (samples in the log are not rerun)."""
-    from provrl.env.evaluate import evaluate
-
     e = cfg.pipeline.eval
     env_cfg = _env_for(cfg, concurrency=e.concurrency)
     env_cfg.agent.temperature = e.temperature
@@ -122,10 +125,9 @@ def evaluate_policy(
         run.root / "eval" / name,
         progress=progress,
         dtype=cfg.model.dtype,
-        engine_cfg=_engine_cfg(cfg, e.concurrency),
-        make_engine=rollout_engines(cfg),
+        engine_cfg=stage_engine_config(cfg, e.concurrency),
+        make_engine=engines,
     )
-    from provrl.trajlog import read_all
 
     trajs = read_all(run.root / "eval" / name / "trajectories.jsonl")
     return out | binomial_summary(out) | solved_efficiency(trajs)
@@ -180,19 +182,3 @@ def _env_for(cfg: RunConfig, *, concurrency: int) -> Any:
     env = cfg.env.model_copy(deep=True)
     env.eval.concurrency = concurrency
     return env
-
-
-def rollout_engines(cfg: RunConfig) -> Any:
-    """``make_engine(lm, engine_cfg, version=0)`` for the probe and eval stages: the engine
-    the run config names — ``backend: ray`` replicas, or in process the engine
-    ``engine.backend`` names — as the RL stage builds it."""
-    from provrl.distributed import make_rollout_engine
-
-    def make(lm: Any, engine_cfg: Any, version: int = 0) -> Any:
-        return make_rollout_engine(lm, cfg, engine_cfg, version=version)
-
-    return make
-
-
-def _engine_cfg(cfg: RunConfig, concurrency: int) -> Any:
-    return cfg.engine.model_copy(update={"max_seqs": max(cfg.engine.max_seqs, concurrency)})

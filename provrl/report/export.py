@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from provrl.provenance import TOKEN_COLUMNS
+from provrl.trajlog import read_trajectories
 
 JSON_COLUMNS = ("tool_calls", "metrics", "timings", "sampling", "policy", "tools", "meta")
 
@@ -31,8 +32,6 @@ def export_parquet(
     import numpy as np
     import pyarrow as pa
     import pyarrow.parquet as pq
-
-    from provrl.trajlog import read_trajectories
 
     token_types = {
         name: pa.list_(pa.from_numpy_dtype(np.dtype(dt))) for name, dt in TOKEN_COLUMNS.items()

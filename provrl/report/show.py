@@ -9,6 +9,7 @@ import os
 from typing import Any
 
 from provrl.provenance import Trajectory
+from provrl.trajlog import CorruptLogError, read_trajectories
 
 VERSION_STYLES = ["bold green", "bold cyan", "bold magenta", "bold yellow", "bold blue", "bold red"]
 
@@ -18,7 +19,7 @@ def token_decoder(tokenizer: Any) -> Any:
     tok = tokenizer
     if isinstance(tokenizer, str):
         try:
-            from provrl.models import load_tokenizer
+            from provrl.models.loading import load_tokenizer
 
             tok = load_tokenizer(tokenizer)
         except Exception:  # no tokenizer available: show ids
@@ -107,8 +108,6 @@ def show_trajectories(
     warning); returns how many were shown. A log with no readable record at all raises
     :class:`~provrl.trajlog.CorruptLogError` (the command must not succeed on nothing)."""
     from rich.console import Console
-
-    from provrl.trajlog import CorruptLogError, read_trajectories
 
     console = Console()
     decode = token_decoder(tokenizer)

@@ -6,7 +6,7 @@ The model is a tabular autoregressive policy over full histories: π(a_t | h_t) 
 softmax(logits[h_t]) with h_t = (a_0, …, a_{t−1}), vocabulary V, length T, so the V^T
 trajectories and their probabilities are exact. Policy versions lie on a line in logit space,
 logits_v = base + v·η·Δ (η = the size of one update). A hot-load at token κ means tokens t < κ
-were sampled by version v_old and tokens t ≥ κ by v_new, so (DESIGN.md §2)
+were sampled by version v_old and tokens t ≥ κ by v_new, so (docs/provenance.md)
 
     q_κ(τ) = Π_{t<κ} q_old(a_t|h_t) · Π_{t≥κ} q_new(a_t|h_t),
     w(τ) = Π_t π_θ(a_t|h_t) / q_{v_t}(a_t|h_t),

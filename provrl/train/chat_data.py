@@ -26,6 +26,7 @@ from pathlib import Path
 from typing import Any
 
 from provrl.env.jsonl import iter_records
+from provrl.models.chat import chat_ids, stop_token_ids, tokenizer_identity
 from provrl.provenance import Identity, ProvenanceError, SamplingParams, Trajectory
 from provrl.provenance import TrajectoryBuilder as Builder
 
@@ -66,8 +67,6 @@ def chat_trajectory(
 ) -> Trajectory:
     """One conversation as a trajectory (see the module docstring): assistant turns are
     actions of a deterministic teacher (logprob 0, version 0), the rest context."""
-    from provrl.models.chat import chat_ids, stop_token_ids
-
     stops = set(stop_token_ids(tokenizer))
     b = Builder(traj_id, traj_id)
     done: list[int] = []
@@ -110,8 +109,6 @@ def load_chat_jsonl(path: str | os.PathLike[str], tokenizer: Any) -> list[Trajec
     """Every conversation of a chat JSONL file as a trajectory tokenized by ``tokenizer``
     (blank lines skipped; ``id`` names a record, else ``<file stem>:<line>``). Errors name
     the file and line."""
-    from provrl.models import tokenizer_identity
-
     p = Path(path)
     h = hashlib.sha256(p.read_bytes() if p.is_file() else b"").hexdigest()
     policy = Identity(

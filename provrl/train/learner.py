@@ -2,7 +2,7 @@
 the policy, plus what a run needs around it — restore from a checkpoint, save one.
 
 Two implementations with one surface (the :class:`Learner` protocol), chosen by
-``provrl.distributed.make_learner`` from the run config's ``backend``:
+``provrl.pipeline.engines.make_learner`` from the run config's ``engine.backend``:
 
 * :class:`LocalLearner` — in this process, over the model the caller loaded;
 * :class:`provrl.distributed.trainer.RayLearner` — in a Ray actor (its own process and copy
@@ -23,9 +23,13 @@ import os
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 from provrl.provenance import Trajectory
+from provrl.train.config import RLConfig
+
+if TYPE_CHECKING:  # models.loading imports torch; the learner protocol stays light
+    from provrl.models.loading import LoadedModel
 
 OPTIMIZER_FILE = "optimizer.pt"
 """Inside a checkpoint directory: AdamW state, the trainer's RNG state and step count."""
@@ -73,8 +77,8 @@ class LocalLearner:
 
     def __init__(
         self,
-        lm: Any,
-        rl: Any,
+        lm: LoadedModel,
+        rl: RLConfig,
         *,
         version: int,
         metrics: Any = None,
@@ -127,7 +131,7 @@ class LocalLearner:
     def save(self, path: str | os.PathLike[str], **meta: Any) -> None:
         import torch
 
-        from provrl.models import save_checkpoint
+        from provrl.models.checkpoint import save_checkpoint
 
         save_checkpoint(self.lm.model, self.lm.tokenizer, path, **meta)
         t = self.trainer

@@ -50,20 +50,23 @@ from typing import Any
 import numpy as np
 import torch
 
+from provrl.models.checkpoint import save_checkpoint
+from provrl.models.loading import load_model
 from provrl.provenance import ProvenanceError, Trajectory, TrajectoryBatch
 from provrl.report.metrics import MetricsWriter
+from provrl.report.plots import plot_sft_loss
+from provrl.train.chat_data import load_chat_jsonl
 from provrl.train.config import SFTConfig
 from provrl.train.logprobs import check_teacher_forced, check_tokenizer, token_logprobs_chunked
 from provrl.train.packing import pack, use_packed_attention
 from provrl.train.schedule import lr_at as schedule_lr
+from provrl.trajlog import read_trajectories
 
 
 # ============================================================================ 0. load
 def load_traces(paths: Sequence[str | os.PathLike[str]]) -> list[Trajectory]:
     """Trajectories from one or more logs (a ``trajectories.jsonl`` or a run directory that
     holds one). Each is validated; errors name the file and line."""
-    from provrl.trajlog import read_trajectories
-
     out: list[Trajectory] = []
     if not paths:
         raise ValueError("SFT: no trajectory files given")
@@ -453,8 +456,6 @@ def run_sft(
     ``run_dir/sft.json``; metrics to ``run_dir/metrics.jsonl``, default ``run_dir = out``'s
     parent / ``out.name + '-run'``). ``eval_traces``: held-out traces whose mean action NLL
     is reported before and after training."""
-    from provrl.models import load_model
-
     all_traces: list[Trajectory] = []
     sources: list[str] = []
     if traces and isinstance(traces[0], Trajectory):
@@ -470,8 +471,6 @@ def run_sft(
         raise ValueError("SFT: give trajectory logs (--traces) or chat JSONL files (--data)")
     lm = load_model(model, dtype=dtype)
     if data:
-        from provrl.train.chat_data import load_chat_jsonl
-
         for path in data:
             chats = load_chat_jsonl(path, lm.tokenizer)
             for t in chats:
@@ -509,8 +508,6 @@ def run_sft(
     summary["checkpoint"] = str(out)
     summary["run_dir"] = str(run)
     if plot:
-        from provrl.report.plots import plot_sft_loss
-
         summary["plot"] = str(plot_sft_loss(result.losses, run / "sft_loss.png", model))
     (run / "sft.json").write_text(json.dumps(summary, indent=2))
     return summary
@@ -522,8 +519,6 @@ def save_sft_checkpoint(
     """Weights + tokenizer as safetensors in HF layout (atomic, :func:`save_checkpoint`), with
     the run summary (minus per-step losses) in ``provrl.json``; the model is left in eval
     mode, the mode the engine samples in."""
-    from provrl.models import save_checkpoint
-
     model.eval()
     meta = {k: v for k, v in summary.items() if k != "losses"}
     return save_checkpoint(model, tokenizer, out, kind="sft", **meta)

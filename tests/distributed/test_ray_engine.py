@@ -14,11 +14,11 @@ import pytest
 
 ray = pytest.importorskip("ray")
 
-from provrl.distributed import make_rollout_engine  # noqa: E402
 from provrl.distributed.config import RayConfig  # noqa: E402
 from provrl.distributed.engine import RayEngine, connect  # noqa: E402
 from provrl.engine import Engine, EngineConfig, EngineError, LocalEngine  # noqa: E402
 from provrl.models import LoadedModel  # noqa: E402
+from provrl.pipeline.engines import make_rollout_engine  # noqa: E402
 from provrl.provenance import SamplingParams  # noqa: E402
 from provrl.run_config import RunConfig  # noqa: E402
 
@@ -209,7 +209,7 @@ def _lm(tiny, state):
 @pytest.fixture(scope="module")
 def agent_env(eng, tiny, small_world):
     from provrl.env.config import EnvConfig
-    from provrl.pipeline.collector import build_env
+    from provrl.rollout.setup import build_env
 
     cfg = EnvConfig()
     cfg.agent.max_new_tokens, cfg.agent.max_turns, cfg.agent.max_total_tokens = 200, 2, 900
@@ -217,8 +217,8 @@ def agent_env(eng, tiny, small_world):
 
 
 def test_resubmit_off_a_killed_turn_becomes_an_aborted_episode(eng, agent_env, small_world):
-    from provrl.env.agent import run_episode
     from provrl.env.build import load_split
+    from provrl.rollout.agent import run_episode
 
     task = load_split(small_world, "train")[0]
     eng.cfg.resubmit = False
@@ -248,7 +248,7 @@ def test_the_collector_loses_and_doubles_no_episode_when_a_replica_dies(
     eng, agent_env, small_world, tmp_path
 ):
     from provrl.env.build import load_split
-    from provrl.pipeline.collector import Collector
+    from provrl.rollout.collector import Collector
     from provrl.trajlog import TrajectoryWriter, read_all
 
     tasks = load_split(small_world, "train")[:3]

@@ -50,8 +50,8 @@ def test_backend_and_ray_section_in_the_run_config():
 
 
 def test_backend_local_builds_the_in_process_engine(tiny):
-    from provrl.distributed import make_rollout_engine
     from provrl.engine import EngineConfig, LocalEngine
+    from provrl.pipeline.engines import make_rollout_engine
 
     small = EngineConfig(max_seqs=2, max_context=64)
     engine = make_rollout_engine(tiny, RunConfig(), small, version=3)
@@ -66,8 +66,8 @@ def test_backend_local_builds_what_engine_backend_names(tiny):
     vLLM (here: refused with the extra to install when vLLM is absent)."""
     import importlib.util
 
-    from provrl.distributed import make_rollout_engine
     from provrl.engine import EngineConfig, EngineError
+    from provrl.pipeline.engines import make_rollout_engine
 
     if importlib.util.find_spec("vllm") is not None:
         pytest.skip("vLLM is installed: its engine is tested in tests/engine")
@@ -79,8 +79,8 @@ def test_backend_ray_without_ray_fails_with_one_line_naming_the_extra(tiny, monk
     import importlib.util
     import sys
 
-    from provrl.distributed import make_rollout_engine
     from provrl.extras import MissingExtra
+    from provrl.pipeline.engines import make_rollout_engine
 
     monkeypatch.setitem(sys.modules, "ray", None)  # `import ray` fails as if not installed
     find_spec = importlib.util.find_spec

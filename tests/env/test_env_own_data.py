@@ -89,7 +89,7 @@ def test_collection_shapes_and_passages(own):
 
 
 def test_provrl_index_builds_a_bm25_index_of_the_collection(own):
-    from provrl.env.evaluate import search_backend
+    from provrl.env.build import search_backend
 
     _, docs, _ = own
     summary = index_collection(docs)
@@ -153,9 +153,9 @@ def search_r1():
 
 
 def test_the_agents_search_tool_talks_to_a_search_r1_server(search_r1):
-    from provrl.env.agent import run_tool
-    from provrl.env.evaluate import search_backend
+    from provrl.env.build import search_backend
     from provrl.env.protocol import Call
+    from provrl.rollout.agent import run_tool
 
     cfg = EnvConfig(search=SearchConfig(backend="http", url=search_r1, k=1))
     backend = search_backend(None, cfg)  # the URL may end in /retrieve
@@ -205,7 +205,7 @@ def test_cli_index_then_eval_with_it(own):
 
 
 def test_oracle_and_shots_need_the_world(own, small_world, tmp_path):
-    from provrl.env.evaluate import evaluate
+    from provrl.rollout.evaluate import evaluate
 
     _, _, tasks = own
     with pytest.raises(ValueError, match="oracle needs provrl world tasks"):

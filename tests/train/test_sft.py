@@ -295,7 +295,7 @@ def test_select_shorthand_dedupe_and_origins(tokenizer):
 def test_select_flag_rejects_a_bad_value(tmp_path):
     import typer
 
-    from provrl.train.sft_cli import sft
+    from provrl.cli.sft import sft
 
     app = typer.Typer()
     app.command()(sft)
@@ -394,10 +394,10 @@ def test_oracle_traces_to_cli_checkpoint_to_eval(tmp_path):
     checkpoint lowers the held-out NLL and `evaluate(policy=<dir>)` runs on it."""
     import typer
 
+    from provrl.cli.sft import sft
     from provrl.env.build import build_world
     from provrl.env.config import EnvConfig, WorldConfig
-    from provrl.env.evaluate import evaluate
-    from provrl.train.sft_cli import sft
+    from provrl.rollout.evaluate import evaluate
 
     cfg = EnvConfig(world=WorldConfig(seed=7, entities=300, docs=800, tasks=120))
     world = tmp_path / "world"
@@ -452,7 +452,7 @@ def test_oracle_traces_to_cli_checkpoint_to_eval(tmp_path):
 def test_bad_cli_option_is_a_clear_error(tmp_path):
     import typer
 
-    from provrl.train.sft_cli import sft
+    from provrl.cli.sft import sft
 
     app = typer.Typer()
     app.command()(sft)

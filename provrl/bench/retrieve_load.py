@@ -1,0 +1,284 @@
+"""`/retrieve` under load, clean and with hostile requests mixed in, side by side in one run:
+`python benchmarks/retrieve_load.py --json`.
+
+Starts `provrl serve-search` (its default bounds) on the default world in its own process,
+then drives it with ``--concurrency`` closed-loop clients (asyncio + httpx, one request in
+flight per client). Two kinds of phase alternate, ``--repeats`` times each, ``--requests``
+requests per phase:
+
+* ``clean`` — what an agent sends: one query per request (the oracle queries and questions
+  of the world's tasks), ``topk`` 3, with scores;
+* ``mixed`` — the same, with a fraction ``--hostile`` of the requests replaced by the
+  hostile bodies of issue 13, round-robin over the kinds of :func:`hostile_bodies` (an 8.9 MB
+  query, 0.9 MB and 128k-term queries, 5,000 queries in one request, topk 10⁹, deep and
+  broken JSON, wrong types, a streamed 8 MB body, FTS5 syntax, control characters, and the
+  heaviest query the bounds still serve: the index's 64 most common words).
+
+Reported per phase (medians over the repeats): p50 / p99 latency of the *clean* requests,
+requests/s, and errors — a clean request that did not get 200, or any request that got a
+5xx, timed out or lost its connection (a hostile request answered 400/413/422 is the bound
+working, counted per kind, not an error). ``p99_ratio`` = mixed clean p99 / clean p99 (the
+issue asks ≤ 2). The server's RSS is read from /proc before the first phase, after each
+phase and at the end (``rss_growth_mb``: end − start).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import socket
+import subprocess
+import sys
+import time
+from collections import Counter, defaultdict
+from pathlib import Path
+from typing import Any
+
+import httpx
+import numpy as np
+
+from provrl.env.build import ensure_world, load_split
+from provrl.env.config import WorldConfig
+from provrl.env.search import MAX_QUERY_TERMS, STOPWORDS
+from provrl.env.sqlite_index import SqliteSearch, cached_index
+
+JSON_HEADERS = {"content-type": "application/json"}
+
+
+def _body(obj: Any) -> bytes:
+    return json.dumps(obj).encode()
+
+
+async def _stream(total: int, chunk: int = 1 << 16) -> Any:
+    for _ in range(total // chunk):
+        yield b" " * chunk
+
+
+def hostile_bodies(world: Path) -> dict[str, Any]:
+    """The hostile request bodies of issue 13 (``"stream"``: an 8 MB streamed body), plus
+    the heaviest query the bounds still serve: the index's 64 most common words."""
+    s = SqliteSearch(cached_index(world))
+    common = [t for t in sorted(s.common, key=lambda t: -s.common[t]) if t not in STOPWORDS]
+    s.close()
+    return {
+        "query_8.9MB": _body({"queries": ["lol " * 2_225_000]}),
+        "query_0.9MB": _body({"queries": ["lol " * 225_000]}),
+        "terms_128k": _body({"queries": [" ".join(f"t{i}" for i in range(128_000))]}),
+        "queries_5000": _body({"queries": ["born"] * 5000}),
+        "topk_1e9": _body({"queries": ["born"], "topk": 10**9}),
+        "json_deep": b"[" * 200_000,
+        "json_broken": b'{"queries": ["born"',
+        "wrong_types": _body({"queries": [1, {"$ne": None}, None], "topk": "3"}),
+        "streamed_8MB": "stream",
+        "fts5_syntax": _body({"queries": ['NEAR("a" *) OR ^b AND -c "" :d (e'], "topk": 3}),
+        "control_chars": _body({"queries": ["\x00\x1b[2J\u202e🙂" * 20], "topk": 3}),
+        "max_terms_common": _body({"queries": [" ".join(common[:MAX_QUERY_TERMS])], "topk": 3}),
+    }
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def _rss_mb(pid: int, field: str = "VmRSS") -> float:
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith(field + ":"):
+            return int(line.split()[1]) / 1024
+    return float("nan")
+
+
+def _clean_queries(world: Path) -> list[str]:
+    out = []
+    for t in load_split(world, "train"):
+        out += [s.query for s in t.oracle] + [t.question]
+    return out
+
+
+async def _phase(
+    url: str,
+    queries: list[str],
+    bodies: dict[str, Any],
+    n: int,
+    concurrency: int,
+    hostile: float,
+    seed: int,
+) -> dict[str, Any]:
+    rng = np.random.default_rng(seed)
+    kinds = list(bodies)
+    plan: list[str | None] = [None] * n  # request i: None (clean) or a hostile kind
+    bad = np.flatnonzero(rng.random(n) < hostile) if hostile > 0 else np.zeros(0, np.int64)
+    for j, i in enumerate(bad):
+        plan[int(i)] = kinds[j % len(kinds)]  # round-robin over the kinds
+    clean_lat: list[float] = []
+    hostile_lat: dict[str, list[float]] = defaultdict(list)
+    status: dict[str, Counter[str]] = defaultdict(Counter)
+    errors: list[str] = []
+    nxt = 0
+
+    async def worker(client: httpx.AsyncClient) -> None:
+        nonlocal nxt
+        while nxt < n:
+            i, nxt = nxt, nxt + 1
+            kind = plan[i]
+            t0 = time.perf_counter()
+            try:
+                if kind is None:
+                    q = queries[i % len(queries)]
+                    r = await client.post(
+                        f"{url}/retrieve", json={"queries": [q], "topk": 3, "return_scores": True}
+                    )
+                elif bodies[kind] == "stream":
+                    r = await client.post(
+                        f"{url}/retrieve", content=_stream(8 << 20), headers=JSON_HEADERS
+                    )
+                else:
+                    r = await client.post(
+                        f"{url}/retrieve", content=bodies[kind], headers=JSON_HEADERS
+                    )
+                code = r.status_code
+            except httpx.HTTPError as e:
+                errors.append(f"{kind or 'clean'}: {type(e).__name__}")
+                continue
+            dt = time.perf_counter() - t0
+            if kind is None:
+                clean_lat.append(dt)
+                if code != 200:
+                    errors.append(f"clean: HTTP {code}")
+            else:
+                hostile_lat[kind].append(dt)
+                status[kind][str(code)] += 1
+                if code >= 500:
+                    errors.append(f"{kind}: HTTP {code}")
+
+    limits = httpx.Limits(max_connections=concurrency, max_keepalive_connections=concurrency)
+    async with httpx.AsyncClient(timeout=60, limits=limits) as client:
+        t0 = time.perf_counter()
+        await asyncio.gather(*(worker(client) for _ in range(concurrency)))
+        wall = time.perf_counter() - t0
+    lat = np.asarray(clean_lat) * 1000
+    return {
+        "requests": n,
+        "clean_requests": len(clean_lat),
+        "rps": n / wall,
+        "clean_p50_ms": float(np.percentile(lat, 50)),
+        "clean_p99_ms": float(np.percentile(lat, 99)),
+        "errors": len(errors),
+        "error_kinds": dict(Counter(errors)),
+        "hostile": {
+            k: {
+                "n": len(v),
+                "status": dict(status[k]),
+                "p50_ms": round(float(np.median(v)) * 1000, 2),
+            }
+            for k, v in sorted(hostile_lat.items())
+        },
+    }
+
+
+def run(
+    world: Path, concurrency: int, requests: int, repeats: int, hostile: float, progress: bool
+) -> dict[str, Any]:
+    port = _free_port()
+    url = f"http://127.0.0.1:{port}"
+    cmd = [sys.executable, "-m", "provrl.cli", "serve-search", "--world", str(world)]
+    proc = subprocess.Popen(
+        [*cmd, "--port", str(port)], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
+    )
+    try:
+        for _ in range(600):
+            try:
+                httpx.get(f"{url}/health", timeout=1)
+                break
+            except httpx.HTTPError:
+                time.sleep(0.1)
+        queries, bodies = _clean_queries(world), hostile_bodies(world)
+        asyncio.run(_phase(url, queries, bodies, 200, concurrency, 0.0, seed=99))  # warm-up
+        rss = {"start": _rss_mb(proc.pid)}
+        passes: dict[str, list[dict[str, Any]]] = {"clean": [], "mixed": []}
+        for rep in range(repeats):
+            for name, frac in (("clean", 0.0), ("mixed", hostile)):
+                res = asyncio.run(
+                    _phase(url, queries, bodies, requests, concurrency, frac, seed=rep)
+                )
+                res["rss_after_mb"] = _rss_mb(proc.pid)
+                passes[name].append(res)
+                if progress:
+                    print(
+                        f"{name} {rep}: p50 {res['clean_p50_ms']:.1f} ms  p99 "
+                        f"{res['clean_p99_ms']:.1f} ms  {res['rps']:.0f} req/s  "
+                        f"errors {res['errors']} {res['error_kinds'] or ''}  "
+                        f"rss {res['rss_after_mb']:.0f} MB",
+                        file=sys.stderr,
+                    )
+        rss["end"] = _rss_mb(proc.pid)
+        rss["peak"] = _rss_mb(proc.pid, "VmHWM")
+    finally:
+        proc.terminate()
+        proc.wait(timeout=30)
+
+    def med(name: str, key: str) -> float:
+        return round(float(np.median([p[key] for p in passes[name]])), 2)
+
+    summary = {
+        name: {
+            "clean_p50_ms": med(name, "clean_p50_ms"),
+            "clean_p99_ms": med(name, "clean_p99_ms"),
+            "rps": med(name, "rps"),
+            "errors": int(sum(p["errors"] for p in passes[name])),
+        }
+        for name in passes
+    }
+    hostile_by_kind: dict[str, dict[str, Any]] = {}
+    for p in passes["mixed"]:
+        for kind, h in p["hostile"].items():
+            agg = hostile_by_kind.setdefault(kind, {"n": 0, "status": Counter(), "p50_ms": []})
+            agg["n"] += h["n"]
+            agg["status"].update(h["status"])
+            agg["p50_ms"].append(h["p50_ms"])
+    return {
+        "benchmark": "retrieve_load",
+        "world": str(world),
+        "concurrency": concurrency,
+        "requests_per_phase": requests,
+        "repeats": repeats,
+        "hostile_frac": hostile,
+        "cpus": os.cpu_count(),
+        **summary,
+        "p50_ratio": round(summary["mixed"]["clean_p50_ms"] / summary["clean"]["clean_p50_ms"], 3),
+        "p99_ratio": round(summary["mixed"]["clean_p99_ms"] / summary["clean"]["clean_p99_ms"], 3),
+        "errors_total": summary["clean"]["errors"] + summary["mixed"]["errors"],
+        "error_kinds": dict(
+            sum((Counter(p["error_kinds"]) for ps in passes.values() for p in ps), Counter())
+        ),
+        "hostile": {
+            k: {"n": v["n"], "status": dict(v["status"]), "p50_ms": float(np.median(v["p50_ms"]))}
+            for k, v in sorted(hostile_by_kind.items())
+        },
+        "rss_mb": {k: round(v, 1) for k, v in rss.items()},
+        "rss_growth_mb": round(rss["end"] - rss["start"], 1),
+        "passes": passes,
+    }
+
+
+def main(argv: list[str] | None = None) -> None:
+    ap = argparse.ArgumentParser(description=__doc__)
+    ap.add_argument("--world", type=Path, default=None, help="world dir (default world)")
+    ap.add_argument("--concurrency", type=int, default=32)
+    ap.add_argument("--requests", type=int, default=2000, help="requests per phase")
+    ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--hostile", type=float, default=0.1, help="hostile fraction (mixed)")
+    ap.add_argument("--json", action="store_true", help="print JSON only")
+    args = ap.parse_args(argv)
+    world = ensure_world(WorldConfig(), args.world)
+    result = run(world, args.concurrency, args.requests, args.repeats, args.hostile, not args.json)
+    if args.json:
+        result.pop("passes")
+    print(json.dumps(result, indent=None if args.json else 2))
+
+
+if __name__ == "__main__":
+    main()

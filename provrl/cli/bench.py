@@ -1,0 +1,146 @@
+"""``provrl bench engine | search | log | logprobs | trainer``: each prints one JSON object.
+
+Every command takes ``--config FILE`` / ``--set bench.NAME.key=value``; its flags are
+generated from :mod:`provrl.run_config.bench` (:mod:`provrl.cli.options`). The scripts in
+``benchmarks/`` run these same commands.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+
+from provrl.cli.options import config_options
+from provrl.run_config.bench import (
+    EngineBenchConfig,
+    LogBenchConfig,
+    LogprobBenchConfig,
+    SearchBenchConfig,
+    TrainerBenchConfig,
+)
+from provrl.run_config.run import RunConfig
+
+app = typer.Typer(help="Benchmarks (each prints JSON with --json).", no_args_is_help=True)
+JsonOpt = Annotated[bool, typer.Option("--json", help="Print JSON only (one line).")]
+
+
+def _flags(section: str, cls: Any, **renamed: str) -> dict[str, str]:
+    """One flag per field of ``cls`` (``bench.SECTION.field``); ``renamed`` maps a flag name
+    to the field it sets where the two differ."""
+    fields = {n: n for n in cls.model_fields}
+    for flag, name in renamed.items():
+        fields.pop(name)
+        fields[flag] = name
+    return {flag: f"bench.{section}.{name}" for flag, name in fields.items()}
+
+
+def _emit(result: dict[str, Any], as_json: bool) -> None:
+    typer.echo(json.dumps(result, indent=None if as_json else 2))
+
+
+@app.command("engine")
+@config_options(_flags("engine", EngineBenchConfig, hf_cb="hf_continuous_batching"))
+def bench_engine(
+    cfg: RunConfig,
+    run_dir: Annotated[
+        Path | None, typer.Option(help="Also log the figures with MetricsWriter here.")
+    ] = None,
+    as_json: JsonOpt = False,
+) -> None:
+    """Throughput vs HF generate (ratio, roofline), exactness, hot-load pause, KV staleness;
+    with --backend vllm also the vLLM backend in the same run (docs/engine.md §10)."""
+    from provrl.bench.engine import run_engine_benchmark
+
+    def say(msg: str) -> None:
+        if not as_json:
+            typer.echo(f"[bench engine] {msg}", err=True)
+
+    result = run_engine_benchmark(**cfg.bench.engine.model_dump(), progress=say)
+    if run_dir is not None:
+        from provrl.report.metrics import MetricsWriter
+
+        w = MetricsWriter(run_dir, tensorboard=False)
+        w.log(0, {k: v for k, v in result.items() if isinstance(v, int | float)}, "bench/engine")
+        w.close()
+    _emit(result, as_json)
+
+
+@app.command("search")
+@config_options(_flags("search", SearchBenchConfig))
+def bench_search(cfg: RunConfig, as_json: JsonOpt = False) -> None:
+    """SQLite FTS5 BM25 vs bm25s / rank_bm25: build time, latency p50/p99, QPS, recall@10."""
+    from provrl.bench.search import run_search_benchmark
+
+    c = cfg.bench.search
+    result = run_search_benchmark(
+        c.docs,
+        seed=c.seed,
+        k=c.k,
+        repeats=c.repeats,
+        tasks=c.tasks,
+        peers=c.peers,
+        rank_bm25_queries=c.rank_bm25_queries,
+        progress=not as_json,
+    )
+    _emit(result, as_json)
+
+
+@app.command("log")
+@config_options(_flags("log", LogBenchConfig))
+def bench_log(cfg: RunConfig, as_json: JsonOpt = False) -> None:
+    """Trajectory-log write/read throughput and bytes per token, vs JSONL lists and Arrow."""
+    from provrl.bench.log import run_log_benchmark
+
+    c = cfg.bench.log
+    _emit(run_log_benchmark(c.trajectories, c.tokens, repeats=c.repeats), as_json)
+
+
+@app.command("logprobs")
+@config_options(_flags("logprobs", LogprobBenchConfig))
+def bench_logprobs(cfg: RunConfig, as_json: JsonOpt = False) -> None:
+    """Chunked vs full teacher-forced logprobs: time and peak memory of forward + backward."""
+    from provrl.bench.logprobs import run_logprob_benchmark
+
+    c = cfg.bench.logprobs
+    result = run_logprob_benchmark(
+        c.model, c.batch, c.seq_len, c.action_frac, c.chunk_tokens, c.repeats
+    )
+    _emit(result, as_json)
+
+
+@app.command("trainer")
+@config_options(
+    {k: v for k, v in _flags("trainer", TrainerBenchConfig).items() if k != "rl"}
+)  # rl: --set bench.trainer.rl='{...}'
+def bench_trainer(
+    cfg: RunConfig,
+    out: Annotated[Path | None, typer.Option(help="Also write the JSON to this file.")] = None,
+    as_json: JsonOpt = False,
+) -> None:
+    """One RL step standalone vs a TRL-style step: tokens/s, peak RSS and its breakdown,
+    FLOP/s against the bf16 matmul rate, lag-0 trainer-engine mismatch."""
+    from provrl.bench.trainer import run_trainer_benchmark
+
+    def say(msg: str) -> None:
+        if not as_json:
+            typer.echo(f"[bench trainer] {msg}", err=True)
+
+    c = cfg.bench.trainer
+    result = run_trainer_benchmark(
+        c.model,
+        c.fixture,
+        c.repeats,
+        c.threads,
+        rl_overrides=c.rl,
+        reference_micro_batch=c.reference_micro_batch,
+        lag0=c.lag0,
+        baseline=c.baseline,
+        progress=say,
+    )
+    if out is not None:
+        out.parent.mkdir(parents=True, exist_ok=True)
+        out.write_text(json.dumps(result, indent=2) + "\n")
+    _emit(result, as_json)

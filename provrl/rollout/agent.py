@@ -1,0 +1,410 @@
+"""The multi-turn agent loop: generate ⇄ search, token ids in, token ids out.
+
+One episode on one engine request::
+
+    prompt ids  = chat template(instructions, worked examples, question)      non-action
+    turn 0      = engine.submit(prompt ids)            → sampled ids           action
+    repeat:
+        parse the turn's text (tag or Hermes protocol; never raises)
+        answer            → stop
+        search / open     → run the tool (timeout, latency recorded)
+        malformed         → error observation, counter (``max_malformed`` in a row: stop)
+        observation ids   = close the assistant turn, a user/tool turn with the
+                            (truncated) result, reopen the assistant turn          non-action
+        turn t+1          = engine.submit_continue(request, observation ids)      action
+    until an answer, max_turns, or the token budget; then release the request.
+
+The trajectory holds exactly the ids the engine consumed and produced, in order: earlier
+turns are never re-tokenized (the observation is tokenized once, on its own). Sampled ids
+carry the engine's stamps (version, logprob, kept mass, KV versions, replica).
+
+The oracle's dialogues become trajectories too (:func:`oracle_trajectory`): a deterministic
+policy, so each of its tokens has q(a|h) = 1, i.e. logprob 0, version 0 — teacher traces
+for SFT whose action mask is exactly the tokens to imitate.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import hashlib
+import json
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from provrl.engine.api import Engine, EngineError, TurnOutput
+from provrl.env.config import AgentConfig, SearchConfig
+from provrl.env.oracle import OracleResult
+from provrl.env.prompts import (
+    Message,
+    build_messages,
+    format_document,
+    format_error,
+    format_hits,
+)
+from provrl.env.protocol import Call, Malformed, parse, stop_strings
+from provrl.env.rewards import exact_match, reward, token_f1
+from provrl.env.search import SearchBackend, SearchError
+from provrl.env.tasks import Task
+from provrl.models.chat import chat_ids, continuation_ids, stop_token_ids, tokenizer_identity
+from provrl.provenance import Identity, SamplingParams, ToolCall, Trajectory, TrajectoryBuilder
+
+
+@dataclass
+class AgentEnv:
+    """Everything an episode needs besides the task (shared by concurrent loops)."""
+
+    engine: Engine
+    tokenizer: Any
+    backend: SearchBackend
+    agent: AgentConfig
+    search: SearchConfig
+    policy: Identity
+    tools: Identity
+    shots: Sequence[Sequence[Message]] = ()
+    codec: ObservationCodec = field(init=False)
+    prompt: Callable[[str], tuple[int, ...]] = field(init=False, repr=False)
+    """question → prompt ids (:func:`prompt_ids`), cached: the k samples of a task share one
+    prompt, which with worked examples is thousands of tokens to render and tokenize."""
+
+    def __post_init__(self) -> None:
+        self.codec = ObservationCodec(self.tokenizer, self.agent)
+        self.prompt = functools.lru_cache(maxsize=256)(
+            lambda q: tuple(prompt_ids(self.tokenizer, q, self.agent.protocol, self.shots))
+        )
+
+
+def prompt_ids(
+    tokenizer: Any, question: str, protocol: str, shots: Sequence[Sequence[Message]] = ()
+) -> list[int]:
+    """The episode's prompt: instructions, worked examples and the question, as chat ids
+    with the assistant turn opened."""
+    return chat_ids(
+        tokenizer, build_messages(question, protocol, shots), add_generation_prompt=True
+    )
+
+
+def tools_identity(backend: SearchBackend, search: SearchConfig, agent: AgentConfig) -> Identity:
+    """Identity of the tool configuration: index fingerprint + every setting that changes
+    what the model sees."""
+    config = {
+        "backend": backend.name,
+        "k": search.k,
+        "snippet_words": search.snippet_words,
+        "open_words": search.open_words,
+        "title_weight": search.title_weight,
+        "latency": search.latency.model_dump(),
+        "protocol": agent.protocol,
+        "max_observation_tokens": agent.max_observation_tokens,
+        "tool_timeout_s": agent.tool_timeout_s,
+    }
+    h = hashlib.sha256((backend.fingerprint() + json.dumps(config, sort_keys=True)).encode())
+    return Identity(backend.name, "sha256:" + h.hexdigest()[:32], config)
+
+
+def derive_seed(*parts: object) -> int:
+    """A 63-bit seed hashed from ``parts`` (per turn here; per (task, sample) in eval)."""
+    h = hashlib.sha256("|".join(map(str, parts)).encode()).digest()
+    return int.from_bytes(h[:8], "big") >> 1
+
+
+class ObservationCodec:
+    """Turns a tool result into the non-action ids appended between two agent turns."""
+
+    def __init__(self, tokenizer: Any, agent: AgentConfig) -> None:
+        self.tokenizer, self.agent = tokenizer, agent
+        self.stop_ids = frozenset(stop_token_ids(tokenizer))
+
+    def ids(self, text: str, turn_ids: Sequence[int]) -> tuple[list[int], bool]:
+        """Ids that end the model's turn (the chat template's closing, e.g. ``<|im_end|>\n``,
+        minus the stop token the turn already ended with), carry ``text`` in a user/tool turn
+        and reopen the assistant turn, as the tokenizer's own chat template writes them;
+        ``text`` is cut to ``max_observation_tokens`` first. Returns (ids, whether it was
+        cut)."""
+        tok, cap = self.tokenizer, self.agent.max_observation_tokens
+        body = tok.encode(text, add_special_tokens=False)
+        truncated = len(body) > cap
+        if truncated:
+            text = tok.decode(body[: cap - 2], skip_special_tokens=True) + " …"
+        ended = bool(turn_ids) and int(turn_ids[-1]) in self.stop_ids
+        ids = continuation_ids(tok, self.agent.observation_role, text, close_assistant=not ended)
+        return ids, truncated
+
+
+def _params(env: AgentEnv, max_new: int, seed: int) -> SamplingParams:
+    a = env.agent
+    return SamplingParams(
+        temperature=a.temperature,
+        top_p=a.top_p,
+        top_k=a.top_k,
+        max_new_tokens=max_new,
+        stop=stop_strings(a.protocol),
+        seed=seed,
+    )
+
+
+def run_tool(env: AgentEnv, call: Call) -> tuple[str, ToolCall]:
+    """Execute a search/open call; failures become error observations, never exceptions."""
+    t0 = time.perf_counter()
+    try:
+        if call.name == "search":
+            obs = format_hits(env.backend.search(call.argument, env.search.k))
+        else:
+            obs = format_document(call.argument, env.backend.open(call.argument))
+        ok, err = True, None
+    except TimeoutError as e:
+        obs, ok, err = format_error(f"{call.name} timed out"), False, str(e)
+    except (SearchError, OSError, ValueError) as e:
+        obs, ok, err = format_error(f"{call.name} failed"), False, str(e)
+    return obs, ToolCall(0, call.name, call.argument, ok, err, time.perf_counter() - t0)
+
+
+@dataclass
+class EpisodeCounts:
+    """What one episode counted while it ran (the trajectory's metrics are made from it)."""
+
+    turns: int = 0
+    """Assistant turns the engine sampled."""
+    searches: int = 0
+    opens: int = 0
+    malformed: int = 0
+    """Turns the protocol parser could not read as a call (in total)."""
+    streak: int = 0
+    """Malformed turns in a row (``max_malformed`` of them end the episode)."""
+    truncated_obs: int = 0
+    """Tool results cut to ``max_observation_tokens``."""
+    t_gen: float = 0.0
+    """Seconds waiting for the engine."""
+    t_tools: float = 0.0
+    """Seconds in tool calls."""
+
+    @property
+    def tool_calls(self) -> int:
+        return self.searches + self.opens
+
+
+def run_episode(
+    env: AgentEnv,
+    task: Task,
+    *,
+    traj_id: str,
+    seed: int = 0,
+    meta: dict[str, Any] | None = None,
+) -> Trajectory:
+    """Roll out one episode of ``task`` on ``env.engine`` and return its trajectory
+    (``meta`` is merged into the trajectory's ``meta``, e.g. its GRPO group)."""
+    a, tok = env.agent, env.tokenizer
+    t_start = time.perf_counter()
+    prompt = env.prompt(task.question)
+    budget = a.max_total_tokens
+    if len(prompt) + 8 > budget:
+        raise ValueError(
+            f"task {task.task_id}: prompt has {len(prompt)} tokens; max_total_tokens={budget} "
+            "leaves no room (fewer --shots or a larger budget)"
+        )
+    b = TrajectoryBuilder(traj_id, task.task_id)
+    b.add_prompt(prompt)
+    n = EpisodeCounts()
+    answer: str | None = None
+    finish = "max_turns"
+    turn = 0
+    max_new = min(a.max_new_tokens, budget - len(prompt))
+    t0 = time.perf_counter()
+    fut = env.engine.submit(prompt, _params(env, max_new, derive_seed(seed, 0)), request_id=traj_id)
+    try:
+        while True:
+            out: TurnOutput = fut.result()
+            n.t_gen += time.perf_counter() - t0
+            if out.finish_reason in ("error", "cancelled"):  # the engine gave up on the turn
+                finish = f"engine_{out.finish_reason}"
+                break
+            n.turns += 1
+            b.add_sampled(out)
+            text = tok.decode(out.token_ids, skip_special_tokens=False)
+            parsed = parse(text, a.protocol)
+            if isinstance(parsed, Call) and parsed.name == "answer":  # done: score it below
+                answer = parsed.argument
+                b.add_tool_call(ToolCall(turn, "answer", parsed.argument))
+                finish = "answer"
+                break
+            n.streak = n.streak + 1 if isinstance(parsed, Malformed) else 0
+            if isinstance(parsed, Malformed):  # tell the model what was wrong, or give up
+                n.malformed += 1
+                b.add_tool_call(ToolCall(turn, "invalid", parsed.raw, False, parsed.error))
+                if n.streak >= a.max_malformed:
+                    finish = "malformed"
+                    break
+                obs = format_error(parsed.error)
+            elif n.tool_calls >= a.max_tool_calls:  # a well-formed call over the limit
+                b.add_tool_call(
+                    ToolCall(turn, parsed.name, parsed.argument, False, "tool call limit")
+                )
+                obs = format_error("tool call limit reached: give your <answer> now")
+            else:  # search / open: run the tool (failures become error observations)
+                obs, call = run_tool(env, parsed)
+                n.t_tools += call.latency_s
+                n.searches += parsed.name == "search"
+                n.opens += parsed.name == "open"
+                b.add_tool_call(
+                    ToolCall(turn, call.name, call.arguments, call.ok, call.error, call.latency_s)
+                )
+            turn += 1
+            if turn >= a.max_turns:
+                finish = "max_turns"
+                break
+            # the observation as non-action ids; stop if the next turn would have < 8 tokens
+            obs_ids, cut = env.codec.ids(obs, out.token_ids)
+            n.truncated_obs += cut
+            room = budget - len(b) - len(obs_ids)
+            if room < 8:
+                finish = "token_budget"
+                break
+            b.next_turn()
+            b.add_observation(obs_ids)
+            t0 = time.perf_counter()
+            fut = env.engine.submit_continue(
+                traj_id, obs_ids, _params(env, min(a.max_new_tokens, room), derive_seed(seed, turn))
+            )
+    except EngineError as e:  # the engine refused a request (e.g. the context is full)
+        finish = f"engine_rejected: {e}"
+    finally:
+        with contextlib.suppress(EngineError):
+            env.engine.release(traj_id)
+    format_ok = answer is not None and n.malformed == 0
+    traj = b.build(
+        reward=reward(
+            answer,
+            task.answers,
+            kind=a.reward,
+            format_ok=format_ok,
+            format_penalty=a.format_penalty,
+            tool_calls=n.tool_calls,
+            tool_call_cost=a.tool_call_cost,
+        ),
+        metrics=_metrics(
+            task,
+            b,
+            answer,
+            searches=n.searches,
+            opens=n.opens,
+            malformed=n.malformed,
+            turns=n.turns,
+            truncated=n.truncated_obs,
+        ),
+        timings={
+            "generation": n.t_gen,
+            "tools": n.t_tools,
+            "total": time.perf_counter() - t_start,
+        },
+        sampling=_params(env, a.max_new_tokens, seed),
+        policy=env.policy,
+        tools=env.tools,
+        meta={**_meta(task, answer, finish), "seed": seed, **(meta or {})},
+    )
+    return traj
+
+
+# ----------------------------------------------------------------------------- oracle
+def oracle_trajectory(
+    task: Task,
+    result: OracleResult,
+    tokenizer: Any,
+    agent: AgentConfig,
+    tools: Identity,
+    *,
+    traj_id: str,
+    shots: Sequence[Sequence[Message]] = (),
+) -> Trajectory:
+    """The oracle's dialogue as a trajectory (teacher trace): its turns are actions of a
+    deterministic policy (logprob 0, version 0, kept mass 1), everything else non-action,
+    assembled exactly as :func:`run_episode` assembles a model's episode."""
+    b = TrajectoryBuilder(traj_id, task.task_id)
+    b.add_prompt(prompt_ids(tokenizer, task.question, agent.protocol, shots))
+    codec = ObservationCodec(tokenizer, agent)
+    cut = 0
+    for action, obs in result.turns:
+        ids = tokenizer.encode(action, add_special_tokens=False)
+        n = len(ids)
+        b.add_actions(
+            ids, logprob=[0.0] * n, kept_mass=[1.0] * n, version=0, kv_min=0, kv_max=0, replica=0
+        )
+        if obs is None:
+            break
+        obs_ids, was_cut = codec.ids(obs, ids)
+        cut += was_cut
+        b.next_turn()
+        b.add_observation(obs_ids)
+    for j, st in enumerate(task.oracle):
+        b.add_tool_call(ToolCall(j, "search", st.query, True, None, result.latencies[j]))
+    b.add_tool_call(ToolCall(len(task.oracle), "answer", result.answer))
+    return b.build(
+        reward=exact_match(result.answer, task.answers),
+        metrics=_metrics(
+            task,
+            b,
+            result.answer,
+            searches=result.searches,
+            opens=0,
+            malformed=0,
+            turns=len(result.turns),
+            truncated=cut,
+            answered=result.solved,
+        ),
+        timings={"tools": sum(result.latencies)},
+        sampling=SamplingParams(temperature=0.0),
+        policy=Identity(
+            "oracle",
+            "oracle-v1",
+            {"deterministic": True, "tokenizer": tokenizer_identity(tokenizer)},
+        ),
+        tools=tools,
+        meta={
+            **_meta(task, result.answer, "answer" if result.solved else "oracle_failed"),
+            "problems": result.problems,
+        },
+    )
+
+
+# ----------------------------------------------------------------------------- summaries
+def _metrics(
+    task: Task,
+    b: TrajectoryBuilder,
+    answer: str | None,
+    *,
+    searches: int,
+    opens: int,
+    malformed: int,
+    turns: int,
+    truncated: int,
+    answered: bool | None = None,
+) -> dict[str, float]:
+    """The per-trajectory metrics shared by model episodes and oracle traces."""
+    return {
+        "exact_match": exact_match(answer, task.answers),
+        "f1": token_f1(answer, task.answers),
+        "num_tool_calls": float(searches + opens),
+        "num_searches": float(searches),
+        "num_opens": float(opens),
+        "num_tokens": float(len(b)),
+        "num_action_tokens": float(b.num_actions),
+        "malformed_calls": float(malformed),
+        "turns": float(turns),
+        "answered": float(answer is not None if answered is None else answered),
+        "truncated_observations": float(truncated),
+        "min_searches": float(task.min_searches),
+        "tier": float(task.tier),
+    }
+
+
+def _meta(task: Task, prediction: str | None, finish: str) -> dict[str, Any]:
+    return {
+        "question": task.question,
+        "prediction": prediction,
+        "answers": task.answers,
+        "tier": task.tier,
+        "kind": task.kind,
+        "split": task.split,
+        "finish": finish,
+    }

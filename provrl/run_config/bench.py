@@ -1,0 +1,159 @@
+"""Typed settings of the benchmarks (the ``bench`` section of the run config; here rather
+than in ``provrl/bench/``, which sits above the run config and imports it).
+
+``provrl bench NAME --config FILE --set bench.NAME.key=value`` or the flags generated from
+these fields; each benchmark prints JSON with provrl's figure, the peer's figure measured in
+the same run, and their ratio.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from pydantic import Field
+
+from provrl.config import Section
+
+
+class EngineBenchConfig(Section):
+    """``provrl bench engine``: LocalEngine vs HF generate, same process, interleaved."""
+
+    model: str = Field(
+        "smollm2-135m",
+        description="Model name (smollm2-135m, tiny, tiny-h32 for vLLM) or HF dir; tiny only "
+        "checks that the benchmark runs (its figures mean nothing).",
+    )
+    concurrency: int = Field(
+        64, ge=1, description="Requests in flight at once (8-64; the published figure is 64)."
+    )
+    new_tokens: int = Field(128, ge=1, description="Tokens sampled per request.")
+    repeats: int = Field(
+        3, ge=1, description="Interleaved HF / engine repeats; medians are reported (3-5)."
+    )
+    threads: int = Field(
+        1,
+        ge=0,
+        description="torch intra-op threads for both sides (0 = torch's default); 1 and 2 are "
+        "the published columns.",
+    )
+    swaps: int = Field(5, ge=0, description="Keep-mode hot-loads in the hot-load phase.")
+    hotload_tokens: int = Field(32, ge=1, description="Tokens per request in the hot-load phase.")
+    perturb: float = Field(
+        1e-3,
+        ge=0,
+        description="Relative size of the weight change each swap loads (1e-3 moves logprobs "
+        "by ~1e-2: enough for the KV-staleness audit to see).",
+    )
+    audits: int = Field(8, ge=0, description="Turns recomputed by the KV-staleness audit.")
+    prefix_cache: bool = Field(
+        True, description="Engine prefix cache (the prompts share a system prompt)."
+    )
+    hf_continuous_batching: bool = Field(
+        False,
+        description="Also time transformers' continuous batching (generate_batch); slow on CPU.",
+    )
+    backend: Literal["local", "vllm"] = Field(
+        "local",
+        description="'local', or 'vllm': also the vLLM backend side by side (needs vLLM; the "
+        "built-in tiny has head_dim 16, use model tiny-h32).",
+    )
+    vllm_compile: bool = Field(
+        False, description="Let vLLM torch.compile (slow start on CPU); default eager."
+    )
+    device: str = Field(
+        "cpu", description="torch device of the model, HF and the local engine (cuda on GPU)."
+    )
+
+
+class SearchBenchConfig(Section):
+    """``provrl bench search``: SQLite FTS5 BM25 vs bm25s / rank_bm25 on one world."""
+
+    docs: int = Field(
+        100_000,
+        ge=50,
+        description="Documents in the benchmark world (100,000 is the published figure; a "
+        "few thousand for a smoke run).",
+    )
+    seed: int = Field(0, description="World seed.")
+    k: int = Field(10, ge=1, description="Results per query (recall@k).")
+    repeats: int = Field(3, ge=1, description="Timed passes; medians are reported.")
+    tasks: int = Field(2000, ge=1, description="Tasks whose queries are timed.")
+    peers: tuple[str, ...] = Field(
+        ("bm25s", "rank_bm25"), description="Peer libraries measured: bm25s, rank_bm25."
+    )
+    rank_bm25_queries: int = Field(
+        100, ge=1, description="Queries per set for rank_bm25 (slow: pure Python scoring)."
+    )
+
+
+class LogBenchConfig(Section):
+    """``provrl bench log``: trajectory-log write / read throughput and bytes per token."""
+
+    trajectories: int = Field(10_000, ge=1, description="Number of trajectories.")
+    tokens: int = Field(2_000, ge=8, description="Tokens per trajectory.")
+    repeats: int = Field(3, ge=1, description="Repeats per format; medians reported.")
+
+
+class LogprobBenchConfig(Section):
+    """``provrl bench logprobs``: chunked vs full teacher-forced logprobs, time and memory."""
+
+    model: str = Field("smollm2-135m", description="Model name or dir.")
+    batch: int = Field(2, ge=1, description="Sequences per batch.")
+    seq_len: int = Field(256, ge=16, description="Tokens per sequence.")
+    action_frac: float = Field(
+        0.5, gt=0, le=1, description="Fraction of each sequence that is action tokens (its end)."
+    )
+    chunk_tokens: int = Field(256, ge=1, description="LM-head chunk (positions).")
+    repeats: int = Field(3, ge=1, description="Timed repeats per method.")
+
+
+class TrainerBenchConfig(Section):
+    """``provrl bench trainer``: one RL step standalone vs a TRL-style reference step."""
+
+    model: str = Field(
+        "smollm2-135m",
+        description="Model name or HF dir (tiny only checks that the benchmark runs).",
+    )
+    fixture: str = Field(
+        "",
+        description="Trajectory log of the batch ('' = the shipped 4 × 8 SmolLM2 probe batch, "
+        "provrl/bench/data/trainer_batch.jsonl).",
+    )
+    repeats: int = Field(
+        3, ge=1, description="Interleaved repeats per side, each in a fresh process (3-5)."
+    )
+    threads: int = Field(2, ge=0, description="torch intra-op threads of every side (0 = all).")
+    reference_micro_batch: int = Field(
+        4, ge=1, description="Trajectories per padded micro-batch of the reference step."
+    )
+    rl: dict[str, Any] = Field(
+        default_factory=dict,
+        description="Overrides of the default preset's rl section for the provrl side "
+        '(e.g. {"micro_batch_size": 8}).',
+    )
+    lag0: bool = Field(
+        True, description="Also measure the trainer-engine mismatch at lag 0 (fp32 / bf16)."
+    )
+    baseline: str = Field(
+        "",
+        description="A results JSON of an earlier run of this benchmark to compare tokens/s "
+        "and peak RSS with ('' = none).",
+    )
+
+
+class BenchConfig(Section):
+    """Every benchmark's settings (what ``provrl bench …`` runs)."""
+
+    engine: EngineBenchConfig = Field(
+        default_factory=EngineBenchConfig, description="provrl bench engine."
+    )
+    search: SearchBenchConfig = Field(
+        default_factory=SearchBenchConfig, description="provrl bench search."
+    )
+    log: LogBenchConfig = Field(default_factory=LogBenchConfig, description="provrl bench log.")
+    logprobs: LogprobBenchConfig = Field(
+        default_factory=LogprobBenchConfig, description="provrl bench logprobs."
+    )
+    trainer: TrainerBenchConfig = Field(
+        default_factory=TrainerBenchConfig, description="provrl bench trainer."
+    )

@@ -1,0 +1,177 @@
+"""Typed config of ``provrl run`` (the ``pipeline`` section of :class:`RunConfig`).
+
+It lives beside :class:`RunConfig` rather than in ``provrl/pipeline/``: the pipeline takes
+the whole run config, so the run config cannot import the pipeline package."""
+
+from __future__ import annotations
+
+from typing import ClassVar, Literal
+
+from pydantic import Field
+
+from provrl.config import Section, peer_names
+
+
+class TaskSliceConfig(Section):
+    """Which train tasks each stage uses. The warm-start slice and the RL slice are disjoint
+    (the RL tasks are never seen as teacher traces); evaluation is on the test split."""
+
+    tiers: tuple[int, ...] = Field(
+        (1, 2),
+        description="Task tiers of every stage (1 lookup, 2 two-hop, 3 multi-constraint, 4 "
+        "comparison). SmolLM2-135M learns tiers 1-2 from a light warm start; keep (1, 2) "
+        "unless the model is larger.",
+    )
+    warmstart: int = Field(
+        128,
+        ge=0,
+        description="Train tasks whose oracle traces the warm start imitates (128 gives "
+        "SmolLM2-135M a spread of K on tier 1; 1,024 saturates tiers 1-2).",
+    )
+    probe: int = Field(
+        64,
+        ge=1,
+        description="Train tasks probed k times (disjoint from the warm-start slice); the "
+        "filter's kept pool is the RL task pool.",
+    )
+    eval: int = Field(
+        0, ge=0, description="Test tasks evaluated per policy (0 = every test task of the tiers)."
+    )
+    seed: int = Field(0, description="Seed of the slices (which tasks go where).")
+    file: str | None = Field(
+        None,
+        description="A task file (provrl tasks or plain {question, answer} JSONL, "
+        "provrl.env.tasks.read_task_file) probed and trained on instead of the world's train "
+        "split (all of it: probe and tiers do not apply); the warm start still imitates the "
+        "world's oracle traces, and evaluation stays on the world's test split.",
+    )
+
+
+class RLLoopConfig(Section):
+    """The RL stage's orchestration (the trainer's own settings are the ``rl`` section)."""
+
+    mode: Literal["sync", "async"] = Field(
+        "async",
+        description="sync: strict on-policy — generate a batch, train, drain, reset caches, "
+        "load, repeat. async: rollouts never stop; each new version is hot-loaded into the "
+        "running engine; staleness bounded by max_lag.",
+    )
+    steps: int = Field(12, ge=0, description="RL optimizer steps (= new policy versions).")
+    groups_per_step: int = Field(
+        4, ge=1, description="GRPO groups (tasks × k samples) per step; batch = groups · k."
+    )
+    k: int = Field(
+        8,
+        ge=2,
+        description="Samples per group (GRPO group size); the probe takes as many per task.",
+        **peer_names("k", trl="num_generations", verl="actor_rollout_ref.rollout.n"),
+    )
+    max_lag: int = Field(
+        1,
+        ge=0,
+        description="async: a group is trained only if every action token is at most this "
+        "many versions older than the weights being updated; older groups are dropped and "
+        "counted. Admission control starts no episode that would be trained later than that. "
+        "1-2 is typical; 0 makes async wait like sync.",
+    )
+    hotload: Literal["keep", "recompute"] = Field(
+        "keep",
+        description="async: keep = swap weights between decode steps, keep in-flight KV; "
+        "recompute = re-prefill in-flight KV under the new weights.",
+    )
+    concurrency: int = Field(
+        32, ge=1, description="Agent loops in flight on the engine (continuous batching)."
+    )
+    split_cores: bool = Field(
+        False,
+        description="async: give the engine's scheduler thread and the learner thread half of "
+        "torch's intra-op threads each (at least one), so the two never oversubscribe the "
+        "cores. Worth it when rollouts keep the engine busy through a whole training step "
+        "(generation-bound runs); off by default because on 2 CPU cores the trainer is the "
+        "bottleneck (SmolLM2: a step ~3× the rollout time of its batch) and would lose its "
+        "second core for most of the step. sync ignores it: engine and trainer take turns.",
+    )
+    save_every: int = Field(
+        1,
+        ge=1,
+        description="Save a resumable checkpoint (weights, optimizer, state) every this many "
+        "steps; a version is hot-loaded only after it is saved, so no version is ever reused "
+        "after a crash. Leave at 1 unless checkpoints dominate the wall time.",
+    )
+
+
+class FilterConfig(Section):
+    """The filter band: tasks with min_successes ≤ K ≤ max_successes are kept; K below the
+    band goes to ``unsolved`` (re-probed later, never "unlearnable"), above it to ``solved``."""
+
+    min_successes: int = Field(
+        1, ge=0, description="Lowest K kept (1: drop all-failure groups, which have no signal)."
+    )
+    max_successes: int | None = Field(
+        None,
+        ge=0,
+        description="Highest K kept (None = k − 1: drop all-success groups). A lower bound "
+        "such as k − 2 keeps only tasks the policy still fails often.",
+    )
+
+
+class EvalStageConfig(Section):
+    """The held-out evaluation of each policy on the test split."""
+
+    k: int = Field(
+        4,
+        ge=1,
+        description="Samples per test task (accuracy = mean EM over tasks × k; the standard "
+        "error shrinks with k).",
+    )
+    policies: tuple[str, ...] = Field(
+        ("base", "warmstart", "rl"),
+        description="Which policies to evaluate: base (the model as loaded), warmstart (after "
+        "SFT on oracle traces), selfsft (after SFT on own successes), rl (after the RL stage).",
+    )
+    temperature: float = Field(
+        1.0, ge=0, description="Sampling temperature at evaluation (the policy as trained)."
+    )
+    concurrency: int = Field(32, ge=1, description="Agent loops in flight during evaluation.")
+
+
+class PipelineConfig(Section):
+    """``provrl run``: world → warm start → probe → filter → (self-SFT) → RL → eval → report."""
+
+    renamed: ClassVar[dict[str, str]] = {"rl": "loop"}
+    """``pipeline.rl`` was the RL loop's section; ``rl`` alone is the trainer's."""
+
+    tasks: TaskSliceConfig = Field(
+        default_factory=TaskSliceConfig, description="Task slices of the stages."
+    )
+    warmstart: bool = Field(
+        True,
+        description="SFT on oracle (teacher) traces first: needed for models that cannot use "
+        "the tools zero-shot (SmolLM2-135M, the tiny model).",
+    )
+    filter: FilterConfig = Field(
+        default_factory=FilterConfig, description="Which probed tasks RL trains on."
+    )
+    self_sft: bool = Field(
+        False,
+        description="After the filter, SFT on the policy's own shortest successful probe "
+        "traces (one per task) before RL.",
+    )
+    rl_pools: tuple[Literal["kept", "unsolved", "solved"], ...] = Field(
+        ("kept",),
+        description="Filter pools the RL stage trains on. kept (0 < K < k) is the point of "
+        "filtering; add unsolved only for a policy that solves nothing yet (the quick preset's "
+        "random tiny model), where GRPO's signal is the format penalty alone.",
+    )
+    allow_stale_pools: bool = Field(
+        False,
+        description="Let RL train on pools whose probe manifest does not match the current "
+        "policy or tools (normally refused).",
+    )
+    loop: RLLoopConfig = Field(
+        default_factory=RLLoopConfig,
+        description="The RL loop's orchestration (the trainer is the top-level rl section).",
+    )
+    eval: EvalStageConfig = Field(
+        default_factory=EvalStageConfig, description="Held-out evaluation."
+    )
