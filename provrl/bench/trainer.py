@@ -47,7 +47,15 @@ import numpy as np
 FIXTURE = Path(__file__).parent / "data" / "trainer_batch.jsonl"
 """The shipped batch: 4 groups × 8 trajectories of SmolLM2 in the default preset's probe."""
 
-SIDES = ("provrl", "reference")
+VARIANTS: dict[str, dict[str, Any]] = {
+    "provrl": {},
+    "provrl_rows": {"packing": "rows"},
+    "provrl_one_minibatch": {"minibatches": 1},
+}
+"""provrl sides: the default preset's ``rl`` section with these overrides — as configured;
+packed without sharing prefixes (what the trie adds); one optimizer step per batch (no
+proximal pass at all)."""
+SIDES = (*VARIANTS, "reference")
 
 MATMUL_SHAPES = ((4096, 576, 1536), (4096, 1536, 576), (4096, 576, 49152))
 """(M, K, N) of SmolLM2-135M's MLP up / down projections and LM head at 4,096 tokens."""
@@ -255,12 +263,11 @@ def _build(spec: SideSpec, lm: Any) -> tuple[Callable[[Sequence[Any]], Any], Any
     if spec.side == "reference":
         ref = ReferenceStep(lm.model, pad, spec.reference_micro_batch)
         return ref.step, ref.optimizer, None
-    if spec.side == "provrl":
+    if spec.side in VARIANTS:
         from provrl.train.rl import RLTrainer
 
-        trainer = RLTrainer(
-            lm.model, _rl_config(spec.rl_overrides), pad_token_id=pad, tokenizer=None
-        )
+        cfg = _rl_config({**spec.rl_overrides, **VARIANTS[spec.side]})
+        trainer = RLTrainer(lm.model, cfg, pad_token_id=pad, tokenizer=None)
         return trainer.step, trainer.optimizer, trainer
     raise ValueError(f"unknown side {spec.side!r}: expected one of {SIDES}")
 
@@ -277,8 +284,8 @@ def run_side(spec: SideSpec) -> dict[str, Any]:
     tensors, allocator fragmentation)."""
     import torch
 
+    from provrl._sys import release_memory
     from provrl.models import load_model
-    from provrl.pipeline.rundir import release_memory
     from provrl.train.memory import SavedTensorMeter, optimizer_mib, tensor_mib
 
     if spec.threads:
@@ -342,7 +349,15 @@ def run_side(spec: SideSpec) -> dict[str, Any]:
         "trainer_metrics": {
             k: float(v)
             for k, v in (getattr(result, "metrics", None) or {}).items()
-            if k in ("loss", "kl_q_pi_k3", "clip_frac", "grad_norm", "optimizer_steps")
+            if k
+            in (
+                "loss",
+                "kl_q_pi_k3",
+                "clip_frac",
+                "grad_norm",
+                "optimizer_steps",
+                "num_forward_tokens",
+            )
         },
     }
 

@@ -62,6 +62,7 @@ from provrl.train.logprobs import (
     token_logprobs_chunked,
 )
 from provrl.train.memory import SavedTensorMeter, step_memory
+from provrl.train.optim import adamw
 from provrl.train.packing import (
     cut_rows,
     pack,
@@ -276,7 +277,7 @@ class RLTrainer:
         self.generator = torch.Generator().manual_seed(cfg.seed)
         self.optimizer: torch.optim.Optimizer | None = None
         if cfg.optimizer == "adamw":
-            self.optimizer = torch.optim.AdamW(
+            self.optimizer = adamw(
                 self.params,
                 lr=cfg.lr,
                 betas=cfg.betas,

@@ -58,6 +58,7 @@ from provrl.report.plots import plot_sft_loss
 from provrl.train.chat_data import load_chat_jsonl
 from provrl.train.config import SFTConfig
 from provrl.train.logprobs import check_teacher_forced, check_tokenizer, token_logprobs_chunked
+from provrl.train.optim import adamw
 from provrl.train.packing import pack, use_packed_attention
 from provrl.train.schedule import lr_at as schedule_lr
 from provrl.trajlog import read_trajectories
@@ -360,7 +361,7 @@ def train_sft(
     params = [p for p in model.parameters() if p.requires_grad]
     if not params:
         raise ValueError("SFT: the model has no trainable parameters")
-    optimizer = torch.optim.AdamW(
+    optimizer = adamw(
         params, lr=cfg.lr, betas=cfg.betas, eps=cfg.adam_eps, weight_decay=cfg.weight_decay
     )
     lengths = [len(t) for t in trajectories]
