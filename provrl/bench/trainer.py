@@ -31,6 +31,7 @@ at lag 0, for each engine dtype × trainer autocast.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import statistics
@@ -307,7 +308,8 @@ def run_side(spec: SideSpec) -> dict[str, Any]:
     release_memory()
     before = _status_mib("VmRSS")
     reset_peak_rss()
-    with meter.hooks():
+    # the trainer meters its own activations (mem_activations_mib); the reference is metered here
+    with meter.hooks() if trainer is None else contextlib.nullcontext():
         t0 = time.perf_counter()
         result = step(trajs)
         wall = time.perf_counter() - t0
@@ -329,7 +331,9 @@ def run_side(spec: SideSpec) -> dict[str, Any]:
     breakdown = {
         "runtime_mib": before - sum(state.values()),
         **state,
-        "activations_mib": meter.peak / 2**20,
+        "activations_mib": meter.peak / 2**20
+        if trainer is None
+        else float(result.metrics["mem_activations_mib"]),
         "logits_mib": logits / 2**20,
         "published_mib": tensor_mib(published.values()) if published else 0.0,
     }
