@@ -318,9 +318,11 @@ def run_side(spec: SideSpec) -> dict[str, Any]:
     V = int(lm.model.get_output_embeddings().weight.shape[0])
     published = getattr(result, "state_dict", None)
     chunk = getattr(getattr(trainer, "cfg", None), "logprob_chunk_tokens", 0)
-    if trainer is None:  # reference: [micro, C, V] fp32 logits + log-softmax + bf16 copy
-        C = max(len(t) - int(np.flatnonzero(t.is_action)[0]) for t in trajs)
-        logits = spec.reference_micro_batch * (C + 1) * V * (4 + 4 + 2)
+    if trainer is None:  # reference: [micro, C, V] logits as bf16, their float32 copy and
+        # its /τ (2 + 4 + 4 bytes); the log-softmax autograd keeps is an activation (metered)
+        m = spec.reference_micro_batch
+        comp = [len(t) - int(np.flatnonzero(t.is_action)[0]) for t in trajs]
+        logits = max(len(comp[i : i + m]) * (max(comp[i : i + m]) + 1) for i in range(0, len(comp), m)) * V * 10  # fmt: skip
     else:  # one chunk of fp32 logits, its log-softmax and exp (stats), recomputed in backward
         logits = min(chunk, shape["action_tokens"]) * V * 4 * 3
     state = {

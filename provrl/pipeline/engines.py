@@ -25,7 +25,7 @@ from provrl.distributed.trainer import RayLearner
 from provrl.engine.api import Engine, EngineFactory
 from provrl.engine.config import EngineConfig
 from provrl.engine.factory import make_engine
-from provrl.models.loading import LoadedModel
+from provrl.models.loading import DTYPES, LoadedModel
 from provrl.run_config.run import RunConfig
 from provrl.train.learner import Learner, LocalLearner
 
@@ -78,6 +78,13 @@ def make_learner(
             metrics=metrics,
             optimizer_state=optimizer_state,
         )
+    # the engines round the published weights to their dtype anyway: publish them in it
+    publish = DTYPES[cfg.engine.dtype] if cfg.engine.dtype != cfg.model.dtype else None
     return LocalLearner(
-        lm, cfg.rl, version=version, metrics=metrics, optimizer_state=optimizer_state
+        lm,
+        cfg.rl,
+        version=version,
+        metrics=metrics,
+        optimizer_state=optimizer_state,
+        publish_dtype=publish,
     )

@@ -394,7 +394,9 @@ class RLLoop:
                 if fut is not None and fut.done():
                     result, stats = fut.result()
                     self.finish_step(result, stats, in_training, self.loop.hotload)
-                    fut, in_training = None, []
+                    # the published weights are in the engine now: don't hold them through
+                    # the next step
+                    fut, in_training, result = None, [], None
                 if fut is None and self.state.steps < self.loop.steps:
                     self.drop_stale()
                     if len(self.ready) >= G:

@@ -83,9 +83,12 @@ class LocalLearner:
         version: int,
         metrics: Any = None,
         optimizer_state: str | os.PathLike[str] | None = None,
+        publish_dtype: Any = None,
     ) -> None:
         """``rl``: the :class:`~provrl.train.config.RLConfig`; ``optimizer_state``: a
-        checkpoint directory holding :data:`OPTIMIZER_FILE` (a resumed run), or None."""
+        checkpoint directory holding :data:`OPTIMIZER_FILE` (a resumed run), or None;
+        ``publish_dtype``: the torch dtype of the weights each step hands to the engines (the
+        engines' own; None: the model's)."""
         from provrl.train.rl import RLTrainer
 
         pad = lm.tokenizer.pad_token_id
@@ -97,6 +100,7 @@ class LocalLearner:
             version=version,
             metrics=metrics,
             tokenizer=lm.tokenizer_identity,
+            publish_dtype=publish_dtype,
         )
         if optimizer_state is not None:
             self.restore(optimizer_state)

@@ -227,6 +227,26 @@ class Proximal:
     log_softmax: torch.Tensor | None  # [N_act, V] full log π_prox at action positions (TRPO)
 
 
+# ============================================================================ 5. publish
+def published_weights(model: Any, dtype: torch.dtype | None = None) -> dict[str, torch.Tensor]:
+    """Detached CPU copies of ``model``'s state dict (in ``dtype`` when given, floating
+    tensors only), one copy per storage: tied weights (SmolLM2's embedding and LM head) stay
+    one tensor under both names."""
+    out: dict[str, torch.Tensor] = {}
+    seen: dict[tuple[int, torch.Size, torch.dtype], torch.Tensor] = {}
+    for k, v in model.state_dict().items():
+        key = (
+            v.untyped_storage().data_ptr() + v.storage_offset() * v.element_size(),
+            v.shape,
+            v.dtype,
+        )
+        if key not in seen:
+            to = dtype if (dtype is not None and v.is_floating_point()) else v.dtype
+            seen[key] = v.detach().to("cpu", dtype=to, copy=True)
+        out[k] = seen[key]
+    return out
+
+
 # ============================================================================ the trainer
 @dataclass
 class StepResult:
@@ -259,8 +279,13 @@ class RLTrainer:
         metrics: MetricsWriter | None = None,
         ref_model: Any | None = None,
         tokenizer: dict[str, str] | None = None,
+        publish_dtype: torch.dtype | None = None,
     ) -> None:
         self.model = model
+        self.publish_dtype = publish_dtype
+        """dtype of the published weights (None: the model's). An engine that computes in
+        bfloat16 rounds a float32 copy to the same values, so publishing in its dtype loses
+        nothing and halves the copy."""
         self.tokenizer = tokenizer
         """The model's tokenizer identity (``lm.tokenizer_identity``): trajectories recorded
         under another tokenizer are refused (None: not checked)."""
@@ -332,7 +357,7 @@ class RLTrainer:
         n_act = int(batch.mask.sum())
         n_tok = float(batch.tb.lengths.sum())
         wall = time.perf_counter() - t0
-        state = {k: v.detach().to("cpu", copy=True) for k, v in self.model.state_dict().items()}
+        state = published_weights(self.model, self.publish_dtype)
         logits_bytes = min(cfg.logprob_chunk_tokens, n_act) * self.vocab_size * 12
         metrics |= {
             "version": float(self.version),
