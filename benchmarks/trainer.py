@@ -7,7 +7,7 @@ same run, and the lag-0 trainer-engine mismatch; prints JSON. It is `provrl benc
 
 import typer
 
-from provrl.bench.cli import bench_trainer
+from provrl.cli.bench import bench_trainer
 
 if __name__ == "__main__":
     typer.run(bench_trainer)

@@ -16,6 +16,7 @@ import typer
 from provrl.cli.options import config_options
 from provrl.run_config.bench import (
     EngineBenchConfig,
+    LearningBenchConfig,
     LogBenchConfig,
     LogprobBenchConfig,
     SearchBenchConfig,
@@ -144,3 +145,33 @@ def bench_trainer(
         out.parent.mkdir(parents=True, exist_ok=True)
         out.write_text(json.dumps(result, indent=2) + "\n")
     _emit(result, as_json)
+
+
+@app.command("learning")
+@config_options(_flags("learning", LearningBenchConfig))
+def bench_learning(
+    cfg: RunConfig,
+    result: Annotated[Path | None, typer.Option(help="Also write the JSON to this file.")] = None,
+    as_json: JsonOpt = False,
+) -> None:
+    """The preset with several RL seeds from one warm start: paired accuracy gain, tool-call
+    cut, mixed-version share, second-world gain, per seed and as a mean with a 95 % interval."""
+    from provrl.bench.learning import run_learning_benchmark
+
+    def say(msg: str) -> None:
+        typer.echo(f"[bench learning] {msg}", err=True)
+
+    c = cfg.bench.learning
+    out = run_learning_benchmark(
+        c.preset,
+        c.seeds,
+        c.out,
+        overrides=c.overrides,
+        eval_k=c.eval_k,
+        world2_seed=c.world2_seed or None,
+        progress=say,
+    )
+    if result is not None:
+        result.parent.mkdir(parents=True, exist_ok=True)
+        result.write_text(json.dumps(out, indent=2) + "\n")
+    _emit(out, as_json)

@@ -199,6 +199,32 @@ class AgentConfig(Section):
         return self
 
 
+class ExplorerConfig(Section):
+    """The exploratory teacher (:func:`provrl.env.oracle.run_explorer`): the oracle's plan with
+    the extra calls a large agent makes, each a seeded coin per plan step."""
+
+    reformulate: float = Field(
+        0.6,
+        ge=0,
+        le=1,
+        description="Per plan step: probability of a vaguer query (some of the exact query's "
+        "words) before the exact one.",
+    )
+    open_unused: float = Field(
+        0.4,
+        ge=0,
+        le=1,
+        description="Per plan step: probability of opening a result the plan does not use.",
+    )
+    confirm: float = Field(
+        0.5,
+        ge=0,
+        le=1,
+        description="Probability of one confirming search for the answer before answering.",
+    )
+    seed: int = Field(0, description="Seed of the coins (with the task id and sample number).")
+
+
 class EvalConfig(Section):
     """``provrl eval``: which tasks, how many samples."""
 
@@ -238,4 +264,8 @@ class EnvConfig(Section):
     eval: EvalConfig = Field(default_factory=EvalConfig, description="Evaluation.")
     serve: ServeConfig = Field(
         default_factory=ServeConfig, description="`provrl serve-search` (the /retrieve service)."
+    )
+    explorer: ExplorerConfig = Field(
+        default_factory=ExplorerConfig,
+        description="The exploratory teacher (pipeline.teacher: explorer).",
     )

@@ -10,6 +10,12 @@ the top-k hits and shows what the next step needs (``reveals``), then answers. S
 * checks the plan is *honest*: every query word (bar a few generic words) appears in the
   question or in results already seen;
 * writes teacher traces: the dialogue it had, in the agent's protocol.
+
+:func:`run_explorer` is the *exploratory* teacher: the same plan, searched the way large
+agents search — a vaguer query before the exact one, a document opened that the answer
+does not use, a confirming search before answering — each a seeded coin per step, so its
+traces stay correct but take about twice the minimal calls, with a spread. A warm start on
+them starts out over-searching, which leaves RL's tool-call cost something to cut.
 """
 
 from __future__ import annotations
@@ -17,7 +23,10 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass, field
 
-from provrl.env.prompts import Message, format_hits
+import numpy as np
+
+from provrl.env.config import ExplorerConfig
+from provrl.env.prompts import Message, format_document, format_hits
 from provrl.env.protocol import Call, render_call
 from provrl.env.rewards import contains_answer
 from provrl.env.search import SearchBackend, query_terms
@@ -40,6 +49,10 @@ class OracleResult:
     turns: list[tuple[str, str | None]] = field(default_factory=list)
     """(assistant text, observation text) per turn; the last turn (the answer) has None."""
     latencies: list[float] = field(default_factory=list)
+    calls: list[tuple[str, str]] = field(default_factory=list)
+    """(tool, argument) of every search / open call, in order (the answer excluded)."""
+    teacher: str = "oracle"
+    """Which teacher ran: ``oracle`` (the minimal plan) or ``explorer``."""
 
     def messages(self, question_text: str) -> list[Message]:
         """The dialogue as chat messages, starting with the user's question."""
@@ -67,6 +80,7 @@ def run_oracle(task: Task, backend: SearchBackend, k: int, protocol: str = "tag"
         res.searches += 1
         obs = format_hits(hits)
         res.turns.append((render_call(Call("search", step.query), protocol), obs))
+        res.calls.append(("search", step.query))
         seen.update(query_terms(obs))
         hit = next((h for h in hits if h.passage_id == step.passage), None)
         if hit is None:
@@ -80,6 +94,78 @@ def run_oracle(task: Task, backend: SearchBackend, k: int, protocol: str = "tag"
             res.problems.append(f"the answer {task.answer!r} was never shown")
     res.solved = not res.problems
     # an oracle that could not verify its plan does not get to answer
+    res.answer = task.answer if res.solved else "unknown"
+    res.turns.append((render_call(Call("answer", res.answer), protocol), None))
+    return res
+
+
+def _vaguer(query: str, rng: np.random.Generator) -> str | None:
+    """A first, vaguer query for ``query``: a random non-empty proper subset of its words
+    (in order), or None for a one-word query."""
+    words = query.split()
+    if len(words) < 2:
+        return None
+    keep = rng.random(len(words)) < 0.5
+    if keep.all() or not keep.any():
+        keep = np.zeros(len(words), bool)
+        keep[int(rng.integers(len(words)))] = True
+    return " ".join(w for w, k in zip(words, keep, strict=True) if k)
+
+
+def run_explorer(
+    task: Task,
+    backend: SearchBackend,
+    k: int,
+    protocol: str = "tag",
+    *,
+    cfg: ExplorerConfig,
+    sample: int = 0,
+    max_calls: int = 6,
+) -> OracleResult:
+    """``task``'s plan searched exploratorily (module docstring), with coins seeded by
+    (``cfg.seed``, task, ``sample``): for each plan step, with probability
+    ``cfg.reformulate`` a vaguer query first (words of the exact one, so still honest), then
+    the exact query, then with probability ``cfg.open_unused`` an ``open`` of a result the
+    plan does not use; before the answer, with probability ``cfg.confirm`` a search for the
+    answer (an entity the results named). Extras are dropped where they would pass
+    ``max_calls``; the plan's own searches always run, so the trace is as correct as the
+    oracle's (``solved`` only if the oracle's checks pass)."""
+    digest = [int.from_bytes(task.task_id.encode()[-8:].rjust(8, b"\0"), "big"), sample]
+    rng = np.random.default_rng([cfg.seed, *digest])
+    exact = run_oracle(task, backend, k, protocol)
+    res = OracleResult(task.task_id, exact.answer, 0, exact.solved, list(exact.problems))
+    res.teacher = "explorer"
+    plan = len(task.oracle)
+    budget = max(0, max_calls - plan)  # extras allowed on top of the plan's searches
+
+    def call(name: str, arg: str) -> str:
+        t0 = time.perf_counter()
+        if name == "search":
+            obs = format_hits(backend.search(arg, k))
+            res.searches += 1
+        else:
+            obs = format_document(arg, backend.open(arg))
+        res.latencies.append(time.perf_counter() - t0)
+        res.turns.append((render_call(Call(name, arg), protocol), obs))  # type: ignore[arg-type]
+        res.calls.append((name, arg))
+        return obs
+
+    for step in task.oracle:
+        vague = _vaguer(step.query, rng) if rng.random() < cfg.reformulate else None
+        if vague is not None and budget > 0:
+            call("search", vague)
+            budget -= 1
+        call("search", step.query)
+        if rng.random() < cfg.open_unused and budget > 0:
+            hits = backend.search(step.query, k)
+            unused = [h.doc_id for h in hits if h.passage_id != step.passage]
+            if unused:
+                call("open", unused[int(rng.integers(len(unused)))])
+                budget -= 1
+    named = any(c.isalpha() for c in task.answer)  # a name worth searching, not a number
+    if rng.random() < cfg.confirm and budget > 0 and res.solved and named:
+        call("search", task.answer)
+        budget -= 1
     res.answer = task.answer if res.solved else "unknown"
     res.turns.append((render_call(Call("answer", res.answer), protocol), None))
     return res

@@ -19,6 +19,13 @@ Two orchestrations of the same three roles — collector (actor), trainer (learn
     when a step finishes: save checkpoint u+1, then engine.load_weights(θ_{u+1}, mode="keep")
         — between two decode steps; in-flight requests keep their KV and continue under u+1.
 
+Which task a group samples is the curriculum's choice (:mod:`provrl.pipeline.curriculum`):
+kept tasks least visited first, a re-probe of the unsolved or solved pool every few groups,
+pools moved by the evidence of every finished group. A finished group without signal (all
+rewards equal) updates the evidence and is never trained on; the loop waits for G groups
+that have signal. With ``train_on_probe`` the probe's own groups of kept tasks (round 0,
+sampled at the first version) are the first ready groups.
+
 Every trajectory carries per-token (version, log q, kept mass, KV versions), so the trainer's
 importance weights use the probabilities the tokens were actually sampled with, whatever mix
 of versions a trajectory holds.
@@ -26,8 +33,8 @@ of versions a trajectory holds.
 Resume (``RUN/rl`` after a ``kill -9``): the newest complete checkpoint gives θ, the optimizer,
 the version and the set of trained trajectories; the trajectory log is read back — complete
 untrained groups go back to the ready queue (subject to the lag rule), incomplete ones are
-finished without rerunning the samples that exist, and new groups continue from the data
-cursor. A version is hot-loaded only after its checkpoint is complete, so no trajectory can
+finished without rerunning the samples that exist, and the curriculum is rebuilt by
+replaying the probe and the log. A version is hot-loaded only after its checkpoint is complete, so no trajectory can
 carry a version that a resumed run would produce again.
 """
 
@@ -49,45 +56,22 @@ import torch
 from tqdm import tqdm
 
 from provrl._sys import release_memory, rss_mb, write_json
+from provrl.config import ConfigError
 from provrl.distributed.factory import fleet_summary
 from provrl.engine.api import EngineFactory, HotLoadMode
 from provrl.env.tasks import Task
 from provrl.failpoints import failpoint
 from provrl.models.loading import load_model
 from provrl.pipeline.admission import group_lag, may_start, split_stale
+from provrl.pipeline.curriculum import Curriculum, Evidence, has_signal
 from provrl.pipeline.engines import engine_factory, make_learner
 from provrl.pipeline.rundir import COMPLETE, RunDir
 from provrl.provenance import Trajectory
 from provrl.report.metrics import MetricsWriter
-from provrl.rollout.collector import Collector, Group
+from provrl.rollout.collector import Collector, Group, group_key
 from provrl.rollout.setup import build_env
 from provrl.run_config.run import RunConfig
 from provrl.trajlog import TrajectoryWriter, read_trajectories
-
-
-class TaskOrder:
-    """The data cursor: group number n ↦ (task, round). Round r visits every task once in a
-    seeded random order, so n = r · N + position of the task in round r's order."""
-
-    def __init__(self, tasks: Sequence[Task], seed: int) -> None:
-        if not tasks:
-            raise ValueError("the RL task pool is empty (the filter kept no task)")
-        self.tasks, self.seed = list(tasks), seed
-        self._orders: dict[int, list[int]] = {}
-
-    def order(self, r: int) -> list[int]:
-        if r not in self._orders:
-            rng = np.random.default_rng([self.seed, r, 7919])
-            self._orders[r] = [int(i) for i in rng.permutation(len(self.tasks))]
-        return self._orders[r]
-
-    def __getitem__(self, n: int) -> tuple[Task, int]:
-        r, i = divmod(n, len(self.tasks))
-        return self.tasks[self.order(r)[i]], r
-
-    def index(self, task_id: str, r: int) -> int:
-        pos = {self.tasks[j].task_id: p for p, j in enumerate(self.order(r))}
-        return r * len(self.tasks) + pos[task_id]
 
 
 @dataclass
@@ -98,6 +82,8 @@ class RLState:
     steps: int = 0
     trained: list[str] = field(default_factory=list)
     dropped: list[str] = field(default_factory=list)
+    skipped: list[str] = field(default_factory=list)
+    """Trajectories of groups without signal (all rewards equal): never trained."""
     wall_s: float = 0.0
     trainer_busy_s: float = 0.0
 
@@ -158,15 +144,20 @@ class RLLoop:
         ``RUN/rl`` already holds (:meth:`resume_from_log`)."""
         self.cfg, self.run_dir, self.start_policy = cfg, run, start_policy
         self.loop, self.rl_dir = cfg.pipeline.loop, run.stage("rl")
-        self.order = TaskOrder(tasks, cfg.pipeline.tasks.seed + 1)
+        if not tasks:
+            raise ValueError("the RL task pool is empty (the filter kept no task)")
         self.by_id = {t.task_id: t for t in tasks}
+        self.seed = cfg.seed if self.loop.seed is None else self.loop.seed
+        order_seed = cfg.pipeline.tasks.seed + 1 + (0 if self.loop.seed is None else 7919 * self.seed)  # fmt: skip
+        self.curriculum = Curriculum(list(tasks), cfg.pipeline.curriculum, seed=order_seed)
+        self.probe_groups = self.read_probe_groups(run.root / "probe" / "trajectories.jsonl")
         latest = run.latest_checkpoint()
         self.state = RLState()
         policy_path = start_policy
         if latest is not None:
             self.state = RLState(**json.loads((latest[1] / "state.json").read_text()))
             policy_path = str(latest[1])
-        torch.manual_seed(cfg.seed + self.state.version)
+        torch.manual_seed(self.seed + self.state.version)
         self.lm = load_model(policy_path, dtype=cfg.model.dtype, device=cfg.model.device)
         self.engine_threads, self.trainer_threads = cfg.engine.threads, 0
         if self.loop.mode == "async" and self.loop.split_cores:
@@ -175,7 +166,7 @@ class RLLoop:
         engine_cfg = cfg.engine.model_copy(
             update={
                 "max_seqs": max(cfg.engine.max_seqs, self.loop.concurrency),
-                "seed": cfg.seed + self.state.version,
+                "seed": self.seed + self.state.version,
                 "threads": self.engine_threads,
             }
         )
@@ -199,7 +190,9 @@ class RLLoop:
         self.log_path = self.rl_dir / "trajectories.jsonl"
         self.steps_log = self.rl_dir / "steps.jsonl"
         self.dropped_before = len(set(self.state.dropped))  # trajectories, earlier sessions
-        self.partial, self.cursor, self.resumed = self.resume_from_log()
+        self.reprobes: set[str] = set()
+        """Group keys started as re-probes of the unsolved or solved pool (this session)."""
+        self.partial, self.resumed = self.resume_from_log()
         self.t_session = time.perf_counter()  # this process: the engine's counters start here
         self.t_start = self.t_session - self.state.wall_s  # the stage: accumulates across resumes
         self.trainer_busy = self.state.trainer_busy_s
@@ -209,6 +202,10 @@ class RLLoop:
         """Groups started (or resubmitted) and not yet trained or dropped."""
         self.groups_dropped = 0
         """Groups this session dropped as too stale (async)."""
+        self.signal = {"groups": 0, "zero_signal_groups": 0, "tokens": 0, "zero_signal_tokens": 0}
+        """Finished groups this session, and how many (and their tokens) had no signal."""
+        self.zero_streak = 0
+        """Finished groups in a row without signal."""
         self.collector_summary: dict[str, Any] = {}
         self._stack = contextlib.ExitStack()
         self.col: Collector | None = None
@@ -222,37 +219,64 @@ class RLLoop:
         )
 
     # ------------------------------------------------------------------ resume
-    def resume_from_log(self) -> tuple[dict[str, list[Trajectory]], int, dict[str, int]]:
-        """What the trajectory log holds beyond the checkpoint: the untrained samples by
-        group, the data cursor (one past the newest group started) and the counts the
-        summary reports."""
+    def read_probe_groups(self, path: Path) -> dict[str, Group]:
+        """The probe's complete groups (round 0) of this stage's tasks, by group key: the
+        curriculum's first evidence, and (``train_on_probe``) the first ready groups."""
+        if not path.is_file():
+            return {}
+        by_key: dict[str, list[Trajectory]] = defaultdict(list)
+        for t in read_trajectories(path):
+            if t.task_id in self.by_id:
+                by_key[str(t.meta.get("group", group_key(t.task_id, 0)))].append(t)
+        k = self.loop.k
+        return {
+            key: Group(self.by_id[ts[0].task_id], 0, sorted(ts, key=lambda t: t.traj_id))
+            for key, ts in by_key.items()
+            if len(ts) == k
+        }
+
+    def observe(self, g: Group, source: str) -> None:
+        """One finished group's evidence into the curriculum (when it follows evidence)."""
+        if self.cfg.pipeline.curriculum.enabled:
+            kind = "probe" if source == "probe" else "reprobe" if g.key in self.reprobes else "rl"
+            self.curriculum.record(Evidence(g.task.task_id, g.min_version(), g.successes, len(g.trajectories), kind))  # type: ignore[arg-type]  # fmt: skip
+
+    def resume_from_log(self) -> tuple[dict[str, list[Trajectory]], dict[str, int]]:
+        """What the trajectory log holds beyond the checkpoint — the untrained samples by
+        group — and the counts the summary reports; the curriculum rebuilt from the probe
+        and the log's complete groups (round 0 is the probe's, so RL rounds start at 1)."""
+        for g in self.probe_groups.values():
+            self.observe(g, "probe")
+        for tid in self.by_id:
+            self.curriculum.visits[tid] = 1
         logged = list(read_trajectories(self.log_path)) if self.log_path.is_file() else []
-        trained, dropped = set(self.state.trained), set(self.state.dropped)
+        done = set(self.state.trained) | set(self.state.dropped) | set(self.state.skipped)
         partial: dict[str, list[Trajectory]] = defaultdict(list)
+        groups: dict[str, list[Trajectory]] = defaultdict(list)
         for t in logged:
             key = str(t.meta.get("group", ""))
-            if t.traj_id in trained or t.traj_id in dropped or "#r" not in key:
+            if "#r" not in key or t.task_id not in self.by_id:
                 continue
-            partial[key].append(t)
-        cursor = 0
-        for t in logged:
+            groups[key].append(t)
             r = int(t.meta.get("round", 0))
-            if t.task_id in self.by_id:
-                cursor = max(cursor, self.order.index(t.task_id, r) + 1)
-        return (
-            partial,
-            cursor,
-            {"trajectories_in_log": len(logged), "untrained_groups": len(partial)},
-        )
+            self.curriculum.visits[t.task_id] = max(self.curriculum.visits[t.task_id], r + 1)
+            if t.traj_id not in done:
+                partial[key].append(t)
+        self.curriculum.started = len(groups)
+        for key, ts in groups.items():
+            if len(ts) == self.loop.k:
+                r = int(key.rsplit("#r", 1)[1])
+                self.observe(Group(self.by_id[ts[0].task_id], r, ts), "rl")
+        if self.cfg.pipeline.curriculum.enabled:
+            self.curriculum.advance(self.state.version)
+        return partial, {"trajectories_in_log": len(logged), "untrained_groups": len(partial)}
 
     def __enter__(self) -> RLLoop:
         """Open the log writer and the collector, and resubmit the untrained groups of the
         log (sync drops them: strict on-policy never trains what an earlier version sampled)."""
         writer = self._stack.enter_context(TrajectoryWriter(self.log_path))
         self.col = self._stack.enter_context(
-            Collector(
-                self.env, concurrency=self.loop.concurrency, seed=self.cfg.seed, writer=writer
-            )
+            Collector(self.env, concurrency=self.loop.concurrency, seed=self.seed, writer=writer)
         )
         for key, trajs in self.partial.items():
             task_id, round_ = key.split("#r")
@@ -261,7 +285,21 @@ class RLLoop:
                 continue
             self.col.submit(self.by_id[task_id], self.loop.k, round=int(round_), done=trajs)
             self.outstanding += 1
+        if self.cfg.pipeline.curriculum.train_on_probe and self.loop.mode == "async":
+            self.ready_probe_groups()
         return self
+
+    def ready_probe_groups(self) -> None:
+        """The probe's untrained groups of kept tasks with signal become ready (async: the
+        lag rule drops them once they are too old)."""
+        done = set(self.state.trained) | set(self.state.dropped) | set(self.state.skipped)
+        for g in self.probe_groups.values():
+            if self.curriculum.pools[g.task.task_id] != "kept" or not has_signal(g.rewards):
+                continue
+            if any(t.traj_id in done for t in g.trajectories):
+                continue
+            self.ready.append(g)
+            self.outstanding += 1
 
     def __exit__(self, exc_type: object, *exc: object) -> None:
         try:
@@ -280,11 +318,38 @@ class RLLoop:
 
     # ------------------------------------------------------------------ admit / submit
     def submit_next(self) -> None:
-        """Start the group at the data cursor and advance the cursor."""
-        task, r = self.order[self.cursor]
+        """Start the group the curriculum picks (a kept task, or a re-probe)."""
+        task, r, reprobe = self.curriculum.next_task()
+        if reprobe:
+            self.reprobes.add(group_key(task.task_id, r))
         self.collector.submit(task, self.loop.k, round=r)
-        self.cursor += 1
         self.outstanding += 1
+
+    def take(self, finished: Sequence[Group]) -> None:
+        """Finished groups: their evidence into the curriculum; those with signal to the
+        ready queue, the others skipped (never trained) and counted."""
+        for g in finished:
+            self.observe(g, "rl")
+            tokens = sum(len(t) for t in g.trajectories)
+            self.signal["groups"] += 1
+            self.signal["tokens"] += tokens
+            signal = has_signal(g.rewards)
+            self.zero_streak = 0 if signal else self.zero_streak + 1
+            if signal or not self.cfg.pipeline.curriculum.skip_zero_signal:
+                self.ready.append(g)
+            else:
+                self.state.skipped.extend(t.traj_id for t in g.trajectories)
+                self.outstanding -= 1
+            if not signal:
+                self.signal["zero_signal_groups"] += 1
+                self.signal["zero_signal_tokens"] += tokens
+        limit = self.cfg.pipeline.curriculum.zero_signal_limit
+        if self.cfg.pipeline.curriculum.skip_zero_signal and self.zero_streak >= limit:
+            raise ConfigError(
+                f"rl: {self.zero_streak} finished groups in a row had no signal (all rewards "
+                "equal): nothing to train on — check the reward, or set "
+                "pipeline.curriculum.skip_zero_signal: false"
+            )
 
     def drop_stale(self) -> None:
         """Drop the ready groups a step on the learner's version could not train within
@@ -313,6 +378,9 @@ class RLLoop:
         self.trainer_busy += float(result.metrics.get("step_s", 0.0))
         self.state.trained.extend(t.traj_id for g in groups for t in g.trajectories)
         self.state.steps += 1
+        if self.cfg.pipeline.curriculum.enabled:
+            self.curriculum.advance(result.version)
+        stats["pools"] = self.curriculum.counts()
         self.save(result.version)  # before the engine may sample a single token of it
         self.record(dict(result.metrics), stats)
         failpoint("rl.saved")  # version u+1 saved, not yet loaded anywhere
@@ -360,7 +428,7 @@ class RLLoop:
             while col.queued + col.in_flight < G * k and len(self.ready) < G:
                 self.submit_next()
             while len(self.ready) < G:
-                self.ready.extend(col.poll(0.2))
+                self.take(col.poll(0.2))
             batch, self.ready = self.ready[:G], self.ready[G:]
             for g in batch:  # strict on-policy: every token from the weights being updated
                 for t in g.trajectories:
@@ -390,7 +458,7 @@ class RLLoop:
             while self.state.steps < self.loop.steps:
                 while col.queued < self.loop.concurrency and may_start(self.outstanding, G, lag):
                     self.submit_next()
-                self.ready.extend(col.poll(0.05))
+                self.take(col.poll(0.05))
                 if fut is not None and fut.done():
                     result, stats = fut.result()
                     self.finish_step(result, stats, in_training, self.loop.hotload)
@@ -455,6 +523,13 @@ class RLLoop:
                 if k in eng
             },
             "collector": self.collector_summary,
+            "curriculum": self.curriculum.summary(),
+            "zero_signal": {
+                **self.signal,
+                "groups_frac": self.signal["zero_signal_groups"] / max(1, self.signal["groups"]),
+                "tokens_frac": self.signal["zero_signal_tokens"] / max(1, self.signal["tokens"]),
+                "trajectories_skipped": len(self.state.skipped),
+            },
         }
         if fleet is not None:
             summary["ray"] = fleet

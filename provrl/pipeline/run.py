@@ -29,7 +29,7 @@ import numpy as np
 from provrl._sys import release_memory
 from provrl.config import ConfigError, dump_config, load_config, old_name
 from provrl.env.build import ensure_world, load_split
-from provrl.env.oracle import run_oracle
+from provrl.env.oracle import run_explorer, run_oracle
 from provrl.env.tasks import Task, read_task_file
 from provrl.models.loading import load_tokenizer
 from provrl.pipeline import stages
@@ -37,6 +37,7 @@ from provrl.pipeline.engines import engine_factory
 from provrl.pipeline.rl_loop import run_rl
 from provrl.pipeline.run_report import write_report
 from provrl.pipeline.rundir import RunDir
+from provrl.provenance import Trajectory
 from provrl.rollout.agent import oracle_trajectory
 from provrl.rollout.evaluate import select_tasks
 from provrl.rollout.setup import agent_tools
@@ -130,7 +131,9 @@ def run_pipeline(cfg: RunConfig, run_dir: str | Path, *, progress: bool = True) 
 
     # RL --------------------------------------------------------------------------------------
 
-    pool = [t for name in cfg.pipeline.rl_pools for t in stages.load_pool(run, name)]
+    # the curriculum moves every probed task between pools; without it, the named pools
+    names = ("kept", "unsolved", "solved") if cfg.pipeline.curriculum.enabled else cfg.pipeline.rl_pools  # fmt: skip
+    pool = [t for name in names for t in stages.load_pool(run, name)]
     rl = _stage(
         run,
         "rl",
@@ -192,20 +195,51 @@ def warm_start(
     tools = agent_tools(world_dir, cfg.env, shots=False)  # teacher traces have no shots
     backend = tools.backend
     tok = load_tokenizer(cfg.model.name)
+    teacher, k = cfg.pipeline.teacher, cfg.env.search.k
     traces = []
     for t in tasks:
-        r = run_oracle(t, backend, cfg.env.search.k, a.protocol)
-        if r.solved:
-            tr = oracle_trajectory(t, r, tok, a, tools.identity, traj_id=f"{t.task_id}-oracle")
-            tr.meta["source"] = "teacher"
-            traces.append(tr)
+        for i in range(cfg.pipeline.teacher_samples if teacher == "explorer" else 1):
+            if teacher == "explorer":
+                r = run_explorer(t, backend, k, a.protocol, cfg=cfg.env.explorer, sample=i, max_calls=a.max_tool_calls)  # fmt: skip
+            else:
+                r = run_oracle(t, backend, k, a.protocol)
+            if r.solved:
+                tid = f"{t.task_id}-{teacher}" + (f"-{i}" if i else "")
+                tr = oracle_trajectory(t, r, tok, a, tools.identity, traj_id=tid)
+                tr.meta["source"] = "teacher"
+                tr.meta["teacher"] = teacher
+                traces.append(tr)
     (d / "teacher.jsonl").unlink(missing_ok=True)  # a rerun after a kill rewrites it whole
     with TrajectoryWriter(d / "teacher.jsonl") as w:
         w.write_many(traces)
     summary = run_sft(traces, cfg.model.name, d / "ckpt", cfg.sft, run_dir=d, dtype=cfg.model.dtype)
-    summary["source"] = "teacher (oracle)"
+    summary["source"] = f"teacher ({teacher})"
+    summary["teacher_calls"] = teacher_call_stats(traces)
     summary["tasks"] = len(tasks)
     return summary
+
+
+def teacher_call_stats(traces: list[Trajectory]) -> dict[str, Any]:
+    """Tool calls per teacher trace, overall and per tier: mean, the minimal plan's mean
+    (``min_searches``), their ratio, and the histogram of calls."""
+
+    def stats(ts: list[Trajectory]) -> dict[str, Any]:
+        calls = np.array([t.metrics["num_tool_calls"] for t in ts])
+        minimal = np.array([t.metrics["min_searches"] for t in ts])
+        hist = np.bincount(calls.astype(int))
+        return {
+            "traces": len(ts),
+            "calls_mean": float(calls.mean()),
+            "calls_min_plan_mean": float(minimal.mean()),
+            "calls_over_min_plan": float(calls.mean() / minimal.mean()),
+            "calls_histogram": {str(i): int(n) for i, n in enumerate(hist) if n},
+        }
+
+    if not traces:
+        return {}
+    tiers = sorted({int(t.metrics["tier"]) for t in traces})
+    by_tier = {str(k): stats([t for t in traces if int(t.metrics["tier"]) == k]) for k in tiers}
+    return {**stats(traces), "per_tier": by_tier}
 
 
 def _write_config(run: RunDir, cfg: RunConfig) -> None:

@@ -154,6 +154,12 @@ def write_report(run_dir: str | Path) -> Path:
         ]
 
         md += ray_section(run, rl, steps, out)
+        md += curriculum_section(rl, steps, out)
+        md += mixing_section(steps)
+
+    warm = _load(run, "warmstart")
+    if warm.get("teacher_calls"):
+        md += teacher_section(warm)
 
     # 3. wall time per stage -------------------------------------------------------------------
     md += ["## Wall time per stage", "", "| stage | seconds |", "| --- | --- |"]
@@ -181,6 +187,79 @@ def write_report(run_dir: str | Path) -> Path:
     path = out / "report.md"
     path.write_text("\n".join(md))
     return path
+
+
+def teacher_section(warm: dict[str, Any]) -> list[str]:
+    """Whose traces the warm start imitated, and how many tool calls they make."""
+    tc = warm["teacher_calls"]
+    md = [
+        f"## Warm-start teacher: {warm.get('source', '?')}",
+        "",
+        f"{tc['traces']} traces, {tc['calls_mean']:.2f} tool calls each against the minimal "
+        f"plan's {tc['calls_min_plan_mean']:.2f} ({tc['calls_over_min_plan']:.2f}x); "
+        f"histogram {tc['calls_histogram']}.",
+        "",
+        "| tier | traces | calls | minimal plan | ratio |",
+        "| --- | --- | --- | --- | --- |",
+    ]
+    for tier, b in tc.get("per_tier", {}).items():
+        md.append(
+            f"| {tier} | {b['traces']} | {b['calls_mean']:.2f} | "
+            f"{b['calls_min_plan_mean']:.2f} | {b['calls_over_min_plan']:.2f} |"
+        )
+    return [*md, ""]
+
+
+def curriculum_section(rl: dict[str, Any], steps: list[dict[str, Any]], out: Path) -> list[str]:
+    """Pools over versions, their transitions, and the compute spent on groups without
+    signal."""
+    cur, zs = rl.get("curriculum"), rl.get("zero_signal")
+    if not cur or not zs:
+        return []
+    md = [
+        "## Curriculum and signal",
+        "",
+        f"- pools at the end: {cur['pools']}; transitions {cur['transitions'] or 'none'} over "
+        f"{cur['groups_started']} groups started",
+        f"- groups without signal (all rewards equal): {zs['zero_signal_groups']} of "
+        f"{zs['groups']} ({zs['groups_frac']:.0%}), {zs['tokens_frac']:.0%} of the rollout "
+        f"tokens; {zs['trajectories_skipped']} trajectories skipped (never trained)",
+        "",
+    ]
+    pools = [(s["version"], s["pools"]) for s in steps if isinstance(s.get("pools"), dict)]
+    if pools:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+
+        fig, ax = plt.subplots(figsize=(6, 3.2))
+        for name in ("kept", "unsolved", "solved"):
+            ax.plot([v for v, _ in pools], [p.get(name, 0) for _, p in pools], marker=".", label=name)  # fmt: skip
+        ax.set_xlabel("policy version")
+        ax.set_ylabel("tasks")
+        ax.set_title("curriculum pools")
+        ax.legend()
+        fig.tight_layout()
+        png = out / "pools.png"
+        fig.savefig(png, dpi=120)
+        plt.close(fig)
+        md += [f"![pools]({png.name})", ""]
+    return md
+
+
+def mixing_section(steps: list[dict[str, Any]]) -> list[str]:
+    """How many trained trajectories span two or more policy versions, step by step."""
+    trained = [len(s.get("trained", [])) for s in steps]
+    mixed = [int(s.get("mixed_version_trajectories", 0)) for s in steps]
+    if not sum(trained):
+        return []
+    rows = " ".join(f"{m}/{t}" for m, t in zip(mixed, trained, strict=True))
+    return [
+        f"Trained trajectories that span ≥ 2 policy versions: {sum(mixed)} of {sum(trained)} "
+        f"({sum(mixed) / sum(trained):.0%}); per step {rows}.",
+        "",
+    ]
 
 
 def rl_vs_warmstart(w: dict[str, Any], r: dict[str, Any]) -> str:

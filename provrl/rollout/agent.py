@@ -336,9 +336,11 @@ def oracle_trajectory(
         cut += was_cut
         b.next_turn()
         b.add_observation(obs_ids)
-    for j, st in enumerate(task.oracle):
-        b.add_tool_call(ToolCall(j, "search", st.query, True, None, result.latencies[j]))
-    b.add_tool_call(ToolCall(len(task.oracle), "answer", result.answer))
+    calls = result.calls or [("search", st.query) for st in task.oracle]
+    for j, (name, arg) in enumerate(calls):
+        b.add_tool_call(ToolCall(j, name, arg, True, None, result.latencies[j]))
+    b.add_tool_call(ToolCall(len(calls), "answer", result.answer))
+    opens = sum(name == "open" for name, _ in calls)
     return b.build(
         reward=exact_match(result.answer, task.answers),
         metrics=_metrics(
@@ -346,7 +348,7 @@ def oracle_trajectory(
             b,
             result.answer,
             searches=result.searches,
-            opens=0,
+            opens=opens,
             malformed=0,
             turns=len(result.turns),
             truncated=cut,
@@ -355,9 +357,12 @@ def oracle_trajectory(
         timings={"tools": sum(result.latencies)},
         sampling=SamplingParams(temperature=0.0),
         policy=Identity(
-            "oracle",
-            "oracle-v1",
-            {"deterministic": True, "tokenizer": tokenizer_identity(tokenizer)},
+            result.teacher,
+            f"{result.teacher}-v1",
+            {
+                "deterministic": result.teacher == "oracle",
+                "tokenizer": tokenizer_identity(tokenizer),
+            },
         ),
         tools=tools,
         meta={

@@ -141,6 +141,24 @@ class TrainerBenchConfig(Section):
     )
 
 
+class LearningBenchConfig(Section):
+    """``provrl bench learning``: a preset with several RL seeds from one warm start, on the
+    whole test split and on a second world (provrl.bench.learning)."""
+
+    preset: str = Field("default", description="The preset run (a name in configs/ or a YAML).")
+    seeds: int = Field(3, ge=1, description="RL seeds (pipeline.loop.seed = rl.seed = 0 … n−1).")
+    out: str = Field(
+        "runs/bench-learning", description="Directory of the runs (resumable: rerun to go on)."
+    )
+    eval_k: int = Field(4, ge=1, description="Samples per test task (k ≥ 4 for the figure).")
+    world2_seed: int = Field(
+        0, ge=0, description="Generator seed of the second world (0: drawn, and recorded)."
+    )
+    overrides: tuple[str, ...] = Field(
+        (), description="key=value overrides of the preset for every run (like --set)."
+    )
+
+
 class BenchConfig(Section):
     """Every benchmark's settings (what ``provrl bench …`` runs)."""
 
@@ -156,4 +174,7 @@ class BenchConfig(Section):
     )
     trainer: TrainerBenchConfig = Field(
         default_factory=TrainerBenchConfig, description="provrl bench trainer."
+    )
+    learning: LearningBenchConfig = Field(
+        default_factory=LearningBenchConfig, description="provrl bench learning."
     )

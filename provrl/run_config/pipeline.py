@@ -57,6 +57,11 @@ class RLLoopConfig(Section):
         "running engine; staleness bounded by max_lag.",
     )
     steps: int = Field(12, ge=0, description="RL optimizer steps (= new policy versions).")
+    seed: int | None = Field(
+        None,
+        description="Seed of the RL stage's sampling and task order (None: the run's seed). "
+        "Vary it for independent RL runs from one warm start and probe (bench learning).",
+    )
     groups_per_step: int = Field(
         4, ge=1, description="GRPO groups (tasks × k samples) per step; batch = groups · k."
     )
@@ -97,6 +102,70 @@ class RLLoopConfig(Section):
         description="Save a resumable checkpoint (weights, optimizer, state) every this many "
         "steps; a version is hot-loaded only after it is saved, so no version is ever reused "
         "after a crash. Leave at 1 unless checkpoints dominate the wall time.",
+    )
+
+
+class CurriculumConfig(Section):
+    """The RL stage's online, version-aware curriculum (provrl.pipeline.curriculum): a Beta
+    posterior per task on its pass rate under the current policy, pools re-decided as
+    evidence arrives and ages, re-probes of the unsolved and solved pools, no training on
+    groups without signal."""
+
+    enabled: bool = Field(
+        True,
+        description="Pools follow the evidence of every group (False: the filter's kept pool, "
+        "fixed, visited in seeded rounds; zero-signal groups still never trained on).",
+    )
+    prior_a: float = Field(1.0, gt=0, description="Beta prior a₀ (1, 1: uniform).")
+    prior_b: float = Field(1.0, gt=0, description="Beta prior b₀.")
+    p_low: float = Field(0.075, gt=0, lt=1, description="Unsolved when P(p ≤ p_low) ≥ confidence.")
+    p_high: float = Field(0.925, gt=0, lt=1, description="Solved when P(p ≥ p_high) ≥ confidence.")
+    confidence: float = Field(
+        0.5,
+        gt=0,
+        lt=1,
+        description="Posterior probability a verdict needs; with the defaults one group of 8 "
+        "reproduces the probe filter (K = 0 unsolved, K = 8 solved).",
+    )
+    exit_confidence: float = Field(
+        0.2,
+        gt=0,
+        lt=1,
+        description="A solved (unsolved) task leaves its pool only when P(p ≥ p_high) "
+        "(P(p ≤ p_low)) falls below this: hysteresis, so one verdict at the edge does not "
+        "flip back and forth as evidence ages.",
+    )
+    forget: float = Field(
+        0.9,
+        gt=0,
+        le=1,
+        description="Evidence from a policy u − v versions older weighs forget^(u−v): older "
+        "verdicts loosen as the policy moves (1: never forget).",
+    )
+    reprobe_every: int = Field(
+        8,
+        ge=0,
+        description="Every this many groups started, one is a re-probe of the unsolved or "
+        "solved task with the oldest evidence (0: never).",
+    )
+    skip_zero_signal: bool = Field(
+        True,
+        description="Never train on a group whose rewards are all equal (every advantage 0; it "
+        "would only dilute the token-mean step); the loop waits for groups with signal. "
+        "False trains on them (the quick preset: the random tiny model's groups are all "
+        "equal, and its RL stage only exercises the machinery).",
+    )
+    zero_signal_limit: int = Field(
+        256,
+        ge=1,
+        description="Stop with an error after this many finished groups in a row without "
+        "signal: the policy or the reward cannot teach anything.",
+    )
+    train_on_probe: bool = Field(
+        True,
+        description="Start with the probe's own groups of kept tasks in the ready queue: they "
+        "were sampled at the RL stage's first version with per-token stamps, so training on "
+        "them is exact (subject to max_lag like any group).",
     )
 
 
@@ -149,6 +218,19 @@ class PipelineConfig(Section):
         description="SFT on oracle (teacher) traces first: needed for models that cannot use "
         "the tools zero-shot (SmolLM2-135M, the tiny model).",
     )
+    teacher: Literal["oracle", "explorer"] = Field(
+        "oracle",
+        description="Whose traces the warm start imitates: oracle (the minimal plan: one "
+        "search per evidence passage) or explorer (the same plan with the reformulations, "
+        "unused opens and confirming searches of a large agent, ~2x the calls: "
+        "env.explorer). Every trace and report names its teacher.",
+    )
+    teacher_samples: int = Field(
+        1,
+        ge=1,
+        description="Teacher traces per warm-start task (the explorer's differ; the oracle's "
+        "are identical, so 1).",
+    )
     filter: FilterConfig = Field(
         default_factory=FilterConfig, description="Which probed tasks RL trains on."
     )
@@ -159,9 +241,10 @@ class PipelineConfig(Section):
     )
     rl_pools: tuple[Literal["kept", "unsolved", "solved"], ...] = Field(
         ("kept",),
-        description="Filter pools the RL stage trains on. kept (0 < K < k) is the point of "
-        "filtering; add unsolved only for a policy that solves nothing yet (the quick preset's "
-        "random tiny model), where GRPO's signal is the format penalty alone.",
+        description="With curriculum.enabled false: the filter pools the RL stage trains on, "
+        "fixed. kept (0 < K < k) is the point of filtering; add unsolved only for a policy "
+        "that solves nothing yet (the quick preset's random tiny model). With the curriculum "
+        "every probed task is in play and the evidence moves it between pools.",
     )
     allow_stale_pools: bool = Field(
         False,
@@ -171,6 +254,10 @@ class PipelineConfig(Section):
     loop: RLLoopConfig = Field(
         default_factory=RLLoopConfig,
         description="The RL loop's orchestration (the trainer is the top-level rl section).",
+    )
+    curriculum: CurriculumConfig = Field(
+        default_factory=CurriculumConfig,
+        description="Which task the RL loop starts next; pools moved by evidence.",
     )
     eval: EvalStageConfig = Field(
         default_factory=EvalStageConfig, description="Held-out evaluation."

@@ -108,11 +108,12 @@ def num_tool_calls(traj: Trajectory) -> float:
 
 
 def trace_origin(traj: Trajectory) -> str:
-    """Who wrote a trace: ``teacher (oracle)`` (the scripted oracle), ``chat data`` (a chat
+    """Who wrote a trace: ``teacher (oracle)`` (the scripted oracle), ``teacher (explorer)``
+    (the exploratory teacher), ``chat data`` (a chat
     JSONL file) or ``policy`` (a model's own sample, e.g. a probe success)."""
     name = traj.policy.name if traj.policy is not None else ""
-    if name == "oracle":
-        return "teacher (oracle)"
+    if name in ("oracle", "explorer"):
+        return f"teacher ({name})"
     if name == "chat-data":
         return "chat data"
     return "policy"

@@ -1,0 +1,256 @@
+"""``provrl bench learning``: the seed's result, reproducibly — the default preset with several
+RL seeds from one warm start, evaluated on the whole test split and on a second world.
+
+::
+
+    shared/         world → warm start → probe → filter → eval of the warm start   (once)
+    seed-S/         RL with pipeline.loop.seed = S and rl.seed = S (the shared stages linked
+                    in), eval of the RL policy on the same test tasks and sampling seeds
+    seed-S/world2/  warm start and RL policy on the test split of a second world (another
+                    generator seed: its own corpus, entities and tasks)
+
+Each run is a subprocess (its peak RSS is ``os.wait4``'s for that child alone). Per seed:
+the paired accuracy gain RL − warm start over test tasks (points, SE = sd(dᵢ)/√n), the cut
+in tool calls per solved task (overall and per tier), the share of trained trajectories
+whose action tokens span ≥ 2 policy versions, the same gain on the second world, wall time
+and peak RSS. Across seeds: the mean and a 95 % t-interval.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+from scipy import stats
+
+from provrl.pipeline.stages import paired_difference
+from provrl.trajlog import read_all
+
+SHARED_STAGES = ("world", "warmstart", "probe", "filter")
+
+
+def _run(args: Sequence[str], log: Path) -> dict[str, float]:
+    """Run ``python -m provrl.cli *args`` to completion; its wall time and peak RSS (GiB)."""
+    t0 = time.perf_counter()
+    with open(log, "ab") as f:
+        proc = subprocess.Popen([sys.executable, "-m", "provrl.cli", *args], stdout=f, stderr=f)
+        _, status, usage = os.wait4(proc.pid, 0)
+    proc.returncode = os.waitstatus_to_exitcode(status)
+    if proc.returncode != 0:
+        tail = log.read_text(errors="replace").strip().splitlines()[-5:]
+        raise RuntimeError(f"{' '.join(args[:2])} failed ({proc.returncode}): {tail}")
+    return {"wall_s": time.perf_counter() - t0, "peak_rss_gb": usage.ru_maxrss / 2**20}
+
+
+def _eval_summary(eval_dir: Path) -> dict[str, Any]:
+    """Per-task accuracy and per-tier accuracy / tool calls of solved episodes of one eval."""
+    trajs = read_all(eval_dir / "trajectories.jsonl")
+    by_task: dict[str, list[float]] = {}
+    tier_of: dict[str, int] = {}
+    calls: dict[int, list[float]] = {}
+    for t in trajs:
+        em = float(t.metrics.get("exact_match", 0.0))
+        by_task.setdefault(t.task_id, []).append(em)
+        tier = int(t.metrics.get("tier", 0))
+        tier_of[t.task_id] = tier
+        if em > 0:
+            calls.setdefault(tier, []).append(float(t.metrics.get("num_tool_calls", 0.0)))
+    acc = {k: float(np.mean(v)) for k, v in by_task.items()}
+    tiers = sorted(set(tier_of.values()))
+    return {
+        "task_accuracy": acc,
+        "accuracy": float(np.mean(list(acc.values()))) if acc else math.nan,
+        "tool_calls_solved": float(np.mean([c for v in calls.values() for c in v]))
+        if calls
+        else math.nan,
+        "per_tier": {
+            str(k): {
+                "accuracy": float(np.mean([a for t, a in acc.items() if tier_of[t] == k])),
+                "tool_calls_solved": float(np.mean(calls[k])) if k in calls else math.nan,
+                "tasks": sum(tier_of[t] == k for t in acc),
+            }
+            for k in tiers
+        },
+    }
+
+
+def compare(warm: dict[str, Any], rl: dict[str, Any]) -> dict[str, Any]:
+    """RL against the warm start on one eval: paired gain (points), its SE, the relative cut
+    in tool calls per solved task, and the same per tier."""
+    pd = paired_difference(warm["task_accuracy"], rl["task_accuracy"])
+    cut = 1 - rl["tool_calls_solved"] / warm["tool_calls_solved"]
+    per_tier = {}
+    for k, w in warm["per_tier"].items():
+        r = rl["per_tier"].get(k, {})
+        per_tier[k] = {
+            "warmstart_accuracy": w["accuracy"],
+            "rl_accuracy": r.get("accuracy", math.nan),
+            "gain_points": 100 * (r.get("accuracy", math.nan) - w["accuracy"]),
+            "warmstart_tool_calls_solved": w["tool_calls_solved"],
+            "rl_tool_calls_solved": r.get("tool_calls_solved", math.nan),
+            "tool_calls_solved_cut_frac": 1
+            - r.get("tool_calls_solved", math.nan) / w["tool_calls_solved"],
+            "tasks": w["tasks"],
+        }
+    return {
+        "accuracy_gain_points": 100 * pd["diff"],
+        "accuracy_gain_se": 100 * pd["se"],
+        "tool_calls_solved_cut_frac": cut,
+        "per_tier": per_tier,
+        "tasks": pd["tasks"],
+    }
+
+
+def mixed_version_frac(rl_dir: Path) -> float:
+    """Trained trajectories whose action tokens span ≥ 2 versions, over all trained."""
+    mixed = trained = 0
+    for line in (rl_dir / "steps.jsonl").read_text().splitlines():
+        if line.strip():
+            rec = json.loads(line)
+            mixed += int(rec.get("mixed_version_trajectories", 0))
+            trained += len(rec.get("trained", []))
+    return mixed / trained if trained else 0.0
+
+
+def ci95(values: Sequence[float]) -> list[float]:
+    """95 % t-interval of the mean (NaN bounds for a single value)."""
+    x = np.asarray([v for v in values if math.isfinite(v)], dtype=float)
+    if len(x) < 2:
+        return [math.nan, math.nan]
+    h = stats.t.ppf(0.975, len(x) - 1) * x.std(ddof=1) / math.sqrt(len(x))
+    return [float(x.mean() - h), float(x.mean() + h)]
+
+
+def _link_shared(shared: Path, dest: Path) -> None:
+    dest.mkdir(parents=True, exist_ok=True)
+    for stage in SHARED_STAGES:
+        link = dest / stage
+        if not link.exists():
+            link.symlink_to((shared / stage).resolve(), target_is_directory=True)
+
+
+def run_learning_benchmark(
+    preset: str = "default",
+    seeds: int = 3,
+    out: str | os.PathLike[str] = "runs/bench-learning",
+    *,
+    overrides: Sequence[str] = (),
+    eval_k: int = 4,
+    world2_seed: int | None = None,
+    progress: Callable[[str], None] | None = None,
+) -> dict[str, Any]:
+    """The benchmark of the module docstring; resumable (each run resumes in its directory).
+    ``world2_seed``: the second world's generator seed (None: drawn, and recorded)."""
+    say = progress or (lambda _m: None)
+    root = Path(out).resolve()
+    root.mkdir(parents=True, exist_ok=True)
+    common = ["--preset", preset, "--no-progress", *[a for o in overrides for a in ("--set", o)]]
+    common += ["--set", "pipeline.tasks.eval=0", "--set", f"pipeline.eval.k={eval_k}"]
+    shared = root / "shared"
+    say("shared: world, warm start, probe, filter, eval of the warm start")
+    shared_run = _run(
+        [
+            "run",
+            *common,
+            "--set",
+            f"logging.run_dir={shared}",
+            "--set",
+            "pipeline.loop.steps=0",
+            "--set",
+            "pipeline.eval.policies=[warmstart]",
+        ],
+        root / "shared.log",
+    )
+    warm = _eval_summary(shared / "eval" / "warmstart")
+    if world2_seed is None:
+        world2_seed = int(np.random.default_rng().integers(1_000, 1_000_000))
+    w2 = ["--set", f"env.world.seed={world2_seed}"]
+    warm_w2 = None
+    rows = []
+    for s in range(seeds):
+        d = root / f"seed-{s}"
+        _link_shared(shared, d)
+        say(f"seed {s}: RL, eval")
+        run = _run(
+            [
+                "run",
+                *common,
+                "--set",
+                f"logging.run_dir={d}",
+                "--set",
+                f"pipeline.loop.seed={s}",
+                "--set",
+                f"rl.seed={s}",
+                "--set",
+                "pipeline.eval.policies=[rl]",
+            ],
+            root / f"seed-{s}.log",
+        )
+        rl_ckpt = json.loads((d / "rl" / "done.json").read_text())["checkpoint"]
+        rl_eval = _eval_summary(d / "eval" / "rl")
+        say(f"seed {s}: second world (generator seed {world2_seed})")
+        ev2 = ["eval", "--config", str(d / "config.yaml"), *w2, "--split", "test", "--n", "0"]
+        ev2 += [
+            "--k",
+            str(eval_k),
+            "--concurrency",
+            "32",
+            "--set",
+            f"env.eval.tiers={json.dumps(_tiers(d))}",
+        ]
+        if warm_w2 is None:
+            _run([*ev2, "--policy", str(shared / "warmstart" / "ckpt"), "--run-dir", str(root / "world2-warmstart")], root / "world2.log")  # fmt: skip
+            warm_w2 = _eval_summary(root / "world2-warmstart")
+        w2_run = _run([*ev2, "--policy", rl_ckpt, "--run-dir", str(d / "world2-rl")], root / "world2.log")  # fmt: skip
+        main = compare(warm, rl_eval)
+        second = compare(warm_w2, _eval_summary(d / "world2-rl"))
+        rows.append(
+            {
+                "seed": s,
+                "accuracy_gain_points": main["accuracy_gain_points"],
+                "accuracy_gain_se": main["accuracy_gain_se"],
+                "tool_calls_solved_cut_frac": main["tool_calls_solved_cut_frac"],
+                "mixed_version_frac": mixed_version_frac(d / "rl"),
+                "second_world_gain_points": second["accuracy_gain_points"],
+                "second_world_gain_se": second["accuracy_gain_se"],
+                "second_world_tool_calls_solved_cut_frac": second["tool_calls_solved_cut_frac"],
+                "per_tier": main["per_tier"],
+                "second_world_per_tier": second["per_tier"],
+                "warmstart_accuracy": warm["accuracy"],
+                "rl_accuracy": rl_eval["accuracy"],
+                "test_tasks": main["tasks"],
+                "wall_s": run["wall_s"] + w2_run["wall_s"],
+                "peak_rss_gb": run["peak_rss_gb"],
+            }
+        )
+    keys = ("accuracy_gain_points", "tool_calls_solved_cut_frac", "mixed_version_frac",
+            "second_world_gain_points", "wall_s", "peak_rss_gb")  # fmt: skip
+    return {
+        "benchmark": "learning",
+        "preset": preset,
+        "overrides": list(overrides),
+        "eval_k": eval_k,
+        "world2_seed": world2_seed,
+        "shared": shared_run,
+        "warmstart_accuracy": warm["accuracy"],
+        "warmstart_tool_calls_solved": warm["tool_calls_solved"],
+        "seeds": rows,
+        "mean": {k: float(np.nanmean([r[k] for r in rows])) for k in keys},
+        "ci95": {k: ci95([r[k] for r in rows]) for k in keys},
+    }
+
+
+def _tiers(run_dir: Path) -> list[int]:
+    """The preset's tiers, as the run's config.yaml resolved them."""
+    import yaml
+
+    cfg = yaml.safe_load((run_dir / "config.yaml").read_text())
+    return [int(t) for t in cfg["pipeline"]["tasks"]["tiers"]]

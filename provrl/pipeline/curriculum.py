@@ -1,0 +1,204 @@
+"""The online, version-aware curriculum: which task the RL loop starts next, and which pool
+every task is in at every version.
+
+"Eight failures do not establish unlearnability", made operational. Every finished group —
+the probe's, the RL stage's, a re-probe's — is evidence ``(task, version v, K of k)``. A
+task's pass rate p under the policy at version u has the posterior
+
+.. math::
+
+    p \\mid \\text{evidence} \\sim \\mathrm{Beta}\\Big(a_0 + \\sum_e \\gamma^{u - v_e} K_e,\\;
+    b_0 + \\sum_e \\gamma^{u - v_e} (k_e - K_e)\\Big)
+
+(γ = ``forget``: evidence from older policies counts less). The task is **solved** when
+P(p ≥ p_hi) ≥ ``confidence``, **unsolved** when P(p ≤ p_lo) ≥ ``confidence``, else **kept**
+(the informative band); a task leaves solved or unsolved only when that probability falls
+below ``exit_confidence`` (hysteresis). With the defaults (uniform prior, p_lo = 0.075, p_hi = 0.925,
+confidence 0.5) one group of k = 8 reproduces the probe's filter exactly: K = 0 → unsolved,
+K = 8 → solved, 0 < K < 8 → kept.
+
+The loop starts kept tasks least-visited first (seeded ties), and every ``reprobe_every``-th
+group the task of the unsolved or solved pool started longest ago — a re-probe with the
+current policy. Its group is an ordinary group, stamped per token: it is trained on if it
+has signal, and its evidence can move the task back into the band. A group with no signal
+(all rewards equal — e.g. K = 0 or K = k with the same number of tool calls: every GRPO
+advantage is 0) updates the posterior and is never trained on — in the token normaliser it
+would only dilute the step (DAPO's dynamic sampling).
+
+A resumed run rebuilds the state by replaying the probe and the trajectory log
+(:meth:`Curriculum.record` in log order, then :meth:`Curriculum.advance` to the resumed
+version): the same evidence, so the same posteriors; a pool decided at an edge may come out
+the other way than it did live, because the live run interleaved ``advance`` with the
+groups.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Literal
+
+import numpy as np
+from scipy.stats import beta as beta_dist
+
+from provrl.env.tasks import Task
+from provrl.run_config.pipeline import CurriculumConfig
+
+Pool = Literal["kept", "unsolved", "solved"]
+POOLS: tuple[Pool, ...] = ("kept", "unsolved", "solved")
+
+
+@dataclass(frozen=True)
+class Evidence:
+    """One finished group: K successes of k samples of ``task_id`` at policy ``version``."""
+
+    task_id: str
+    version: int
+    successes: int
+    k: int
+    source: Literal["probe", "rl", "reprobe"] = "rl"
+
+
+@dataclass(frozen=True)
+class Transition:
+    """A task moved pool when evidence at ``version`` came in."""
+
+    task_id: str
+    version: int
+    before: Pool
+    after: Pool
+
+
+def posterior(
+    evidence: Sequence[Evidence], version: int, cfg: CurriculumConfig
+) -> tuple[float, float]:
+    """(α, β) of the task's pass-rate posterior at ``version`` (module docstring)."""
+    a, b = cfg.prior_a, cfg.prior_b
+    for e in evidence:
+        w = cfg.forget ** max(0, version - e.version)
+        a += w * e.successes
+        b += w * (e.k - e.successes)
+    return a, b
+
+
+def pool_of(a: float, b: float, cfg: CurriculumConfig, current: Pool = "kept") -> Pool:
+    """The pool a Beta(a, b) posterior puts a task in that is now in ``current``: enter
+    solved / unsolved at ``confidence``, leave them only below ``exit_confidence``."""
+    solved = float(beta_dist.sf(cfg.p_high, a, b))
+    unsolved = float(beta_dist.cdf(cfg.p_low, a, b))
+    if current == "solved" and solved >= cfg.exit_confidence:
+        return "solved"
+    if current == "unsolved" and unsolved >= cfg.exit_confidence:
+        return "unsolved"
+    if solved >= cfg.confidence:
+        return "solved"
+    if unsolved >= cfg.confidence:
+        return "unsolved"
+    return "kept"
+
+
+def has_signal(rewards: Sequence[float]) -> bool:
+    """A GRPO group some advantage of which is non-zero: its rewards are not all equal.
+    With a tool-call cost a K = k group can have signal (fewer calls scored higher); with a
+    format penalty so can a K = 0 one."""
+    return len(rewards) > 1 and max(rewards) - min(rewards) > 1e-9
+
+
+@dataclass
+class Curriculum:
+    """Pools, posteriors and the next task (module docstring)."""
+
+    tasks: list[Task]
+    cfg: CurriculumConfig
+    seed: int = 0
+    evidence: dict[str, list[Evidence]] = field(default_factory=dict)
+    pools: dict[str, Pool] = field(default_factory=dict)
+    visits: dict[str, int] = field(default_factory=dict)
+    """Groups started per task (the ``round`` of its next group)."""
+    transitions: list[Transition] = field(default_factory=list)
+    started: int = 0
+    """Groups started (re-probes every ``reprobe_every``-th)."""
+    last_start: dict[str, int] = field(default_factory=dict)
+    """``started`` at each task's last start."""
+
+    def __post_init__(self) -> None:
+        if not self.tasks:
+            raise ValueError("the curriculum has no task")
+        rng = np.random.default_rng([self.seed, 7919])
+        self._rank = {t.task_id: int(r) for t, r in zip(self.tasks, rng.permutation(len(self.tasks)), strict=True)}  # fmt: skip
+        self._by_id = {t.task_id: t for t in self.tasks}
+        for t in self.tasks:
+            self.evidence.setdefault(t.task_id, [])
+            self.pools.setdefault(t.task_id, "kept")
+            self.visits.setdefault(t.task_id, 0)
+
+    # ------------------------------------------------------------------ evidence in
+    def record(self, e: Evidence, version: int | None = None) -> Transition | None:
+        """Add one group's evidence; re-pool its task at ``version`` (default the group's).
+        Returns the transition, if the task moved."""
+        if e.task_id not in self._by_id:
+            raise KeyError(f"curriculum: unknown task {e.task_id!r}")
+        self.evidence[e.task_id].append(e)
+        at = e.version if version is None else version
+        a, b = posterior(self.evidence[e.task_id], at, self.cfg)
+        before = self.pools[e.task_id]
+        after = pool_of(a, b, self.cfg, before)
+        self.pools[e.task_id] = after
+        if before == after:
+            return None
+        move = Transition(e.task_id, at, before, after)
+        self.transitions.append(move)
+        return move
+
+    def advance(self, version: int) -> list[Transition]:
+        """Re-pool every task at a new policy ``version``: as evidence ages (γ), a verdict of
+        an older policy loosens, and the task can drift back into the band to be tried
+        again. Returns the moves."""
+        moves = []
+        for tid, ev in self.evidence.items():
+            after = pool_of(*posterior(ev, version, self.cfg), self.cfg, self.pools[tid])
+            if after != self.pools[tid]:
+                moves.append(Transition(tid, version, self.pools[tid], after))
+                self.pools[tid] = after
+        self.transitions.extend(moves)
+        return moves
+
+    # ------------------------------------------------------------------ the next task
+    def next_task(self) -> tuple[Task, int, bool]:
+        """``(task, round, reprobe)`` of the next group to start, and count it as started."""
+        self.started += 1
+        out = self._pool_members("unsolved") + self._pool_members("solved")
+        kept = self._pool_members("kept")
+        every = self.cfg.reprobe_every
+        reprobe = bool(out) and (not kept or (every > 0 and self.started % every == 0))
+        if reprobe:  # the one started longest ago first: its verdict is the oldest
+            tid = min(out, key=lambda t: (self.last_start.get(t, -1), self._rank[t]))
+        elif kept:  # least visited first
+            tid = min(kept, key=lambda t: (self.visits[t], self._rank[t]))
+        else:
+            raise ValueError("the curriculum has no task in any pool")
+        r = self.visits[tid]
+        self.visits[tid] += 1
+        self.last_start[tid] = self.started
+        return self._by_id[tid], r, reprobe
+
+    def _pool_members(self, pool: Pool) -> list[str]:
+        return [t for t, p in self.pools.items() if p == pool]
+
+    # ------------------------------------------------------------------ reading it
+    def counts(self) -> dict[str, int]:
+        """Tasks per pool now."""
+        return {p: len(self._pool_members(p)) for p in POOLS}
+
+    def summary(self) -> dict[str, object]:
+        """Pool sizes, transitions (``before→after`` counts and the list) and visits."""
+        moves: dict[str, int] = {}
+        for m in self.transitions:
+            key = f"{m.before}->{m.after}"
+            moves[key] = moves.get(key, 0) + 1
+        return {
+            "pools": self.counts(),
+            "transitions": moves,
+            "transition_log": [m.__dict__ for m in self.transitions],
+            "groups_started": self.started,
+        }

@@ -1,0 +1,93 @@
+"""The online curriculum (provrl.pipeline.curriculum): the probe's filter at version 0, pools
+that follow the evidence and its age, one pool per task at every version, re-probes."""
+
+from __future__ import annotations
+
+import pytest
+
+from provrl.env.tasks import Task
+from provrl.pipeline.curriculum import (
+    POOLS,
+    Curriculum,
+    Evidence,
+    has_signal,
+    pool_of,
+    posterior,
+)
+from provrl.run_config.pipeline import CurriculumConfig
+
+
+def _tasks(n: int) -> list[Task]:
+    return [
+        Task(f"t{i}", "train", 1, "lookup", f"question {i}?", f"a{i}", [], f"e{i}", [], 1)
+        for i in range(n)
+    ]
+
+
+CFG = CurriculumConfig()
+
+
+def test_one_group_of_eight_is_the_probe_filter():
+    pools = [pool_of(*posterior([Evidence("t", 0, K, 8)], 0, CFG), CFG) for K in range(9)]
+    assert pools == ["unsolved"] + ["kept"] * 7 + ["solved"]
+    assert not has_signal([1.0] * 8) and not has_signal([-0.5] * 8) and not has_signal([0.9])
+    assert has_signal([0.9, 0.8, 0.9]) and has_signal([0.0, -0.5])  # tool-call cost, format
+
+
+def test_posterior_discounts_older_versions():
+    ev = [Evidence("t", 0, 8, 8), Evidence("t", 3, 0, 8)]
+    a, b = posterior(ev, 3, CFG)
+    assert a == pytest.approx(1 + 8 * CFG.forget**3) and b == pytest.approx(1 + 8)
+
+
+def test_a_verdict_loosens_with_age_but_not_at_once():
+    p, history = "solved", []
+    for u in range(30):
+        p = pool_of(*posterior([Evidence("t", 0, 8, 8)], u, CFG), CFG, p)
+        history.append(p)
+    assert history[:5] == ["solved"] * 5  # hysteresis: no flip at the first aging step
+    assert history[-1] == "kept"  # an old verdict is tried again
+    assert history.index("kept") > 5
+
+
+def test_every_task_is_in_one_pool_at_every_version_and_moves_replay():
+    tasks = _tasks(6)
+    cur = Curriculum(tasks, CFG, seed=0)
+    start = dict(cur.pools)
+    outcomes = {0: [0, 8, 4, 8, 1, 7], 1: [0, 8, 8, 8, 0, 0], 2: [3, 8, 8, 2, 0, 0]}
+    for v, ks in outcomes.items():
+        for t, K in zip(tasks, ks, strict=True):
+            cur.record(Evidence(t.task_id, v, K, 8))
+        cur.advance(v + 1)
+    # replaying the transitions from the start reproduces the pools at every version
+    pools = dict(start)
+    for m in cur.transitions:
+        assert pools[m.task_id] == m.before
+        pools[m.task_id] = m.after
+    assert pools == cur.pools
+    assert set(cur.pools.values()) <= set(POOLS) and len(cur.pools) == len(tasks)
+    assert sum(cur.counts().values()) == len(tasks)
+    assert cur.pools["t1"] == "solved" and cur.pools["t0"] == "kept"  # 0/8 then 3/8
+
+
+def test_next_task_visits_kept_least_visited_and_reprobes_the_oldest_verdict():
+    tasks = _tasks(4)
+    cfg = CFG.model_copy(update={"reprobe_every": 3})
+    cur = Curriculum(tasks, cfg, seed=1)
+    for t, K in zip(tasks, [0, 4, 4, 8], strict=True):
+        cur.record(Evidence(t.task_id, 0, K, 8, "probe"))
+    picks = [cur.next_task() for _ in range(6)]
+    names = [t.task_id for t, _, _ in picks]
+    reprobes = [re for _, _, re in picks]
+    assert reprobes == [False, False, True, False, False, True]
+    assert {names[2], names[5]} == {"t0", "t3"}  # each out-of-band task once, oldest first
+    assert sorted(names[:2]) == ["t1", "t2"] and sorted(names[3:5]) == ["t1", "t2"]
+    assert [r for t, r, _ in picks if t.task_id == "t1"] == [0, 1]  # rounds count per task
+
+
+def test_unknown_task_and_empty_curriculum_are_refused():
+    with pytest.raises(ValueError, match="no task"):
+        Curriculum([], CFG)
+    cur = Curriculum(_tasks(1), CFG)
+    with pytest.raises(KeyError, match="unknown task"):
+        cur.record(Evidence("nope", 0, 1, 8))
