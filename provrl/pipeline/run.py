@@ -88,7 +88,8 @@ def run_pipeline(cfg: RunConfig, run_dir: str | Path, *, progress: bool = True) 
     # world ---------------------------------------------------------------------------------
     t0 = time.perf_counter()
     world_dir = ensure_world(cfg.env.world)
-    sl = slices(load_split(world_dir, "train"), load_split(world_dir, "test"), cfg)
+    held_out = load_split(world_dir, cfg.pipeline.eval.split)
+    sl = slices(load_split(world_dir, "train"), held_out, cfg)
     if not run.done("world"):
         run.mark_done(
             "world",

@@ -110,12 +110,13 @@ def evaluate_policy(
     progress: bool,
     engines: EngineFactory,
 ) -> dict[str, Any]:
-    """Evaluate ``policy`` on the eval slice of the test split, k samples per task, with
+    """Evaluate ``policy`` on the eval slice of the held-out split (``pipeline.eval.split``),
+    k samples per task, with
     binomial standard errors; resumable (samples in the log are not rerun)."""
     e = cfg.pipeline.eval
     env_cfg = _env_for(cfg, concurrency=e.concurrency)
     env_cfg.agent.temperature = e.temperature
-    env_cfg.eval.split, env_cfg.eval.k = "test", e.k
+    env_cfg.eval.split, env_cfg.eval.k = e.split, e.k
     env_cfg.eval.n, env_cfg.eval.tiers = len(tasks), tuple(cfg.pipeline.tasks.tiers)
     env_cfg.eval.seed = cfg.pipeline.tasks.seed
     out = evaluate(

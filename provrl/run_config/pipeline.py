@@ -185,8 +185,13 @@ class FilterConfig(Section):
 
 
 class EvalStageConfig(Section):
-    """The held-out evaluation of each policy on the test split."""
+    """The held-out evaluation of each policy on the test split (dev while choosing knobs)."""
 
+    split: Literal["dev", "test"] = Field(
+        "test",
+        description="Held-out split evaluated: test for reported figures; dev for choosing a "
+        "preset's knobs (never tune on test).",
+    )
     k: int = Field(
         4,
         ge=1,

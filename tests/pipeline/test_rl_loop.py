@@ -7,7 +7,7 @@ from typing import Any
 
 import pytest
 
-from provrl.config import load_config
+from provrl.config import ConfigError, load_config
 from provrl.env.build import load_split
 from provrl.pipeline.rl_loop import RLLoop, read_steps
 from provrl.pipeline.rundir import RunDir
@@ -51,5 +51,43 @@ def test_a_loop_runs_only_inside_its_with_block(tmp_path, small_world):
     try:
         with pytest.raises(RuntimeError, match="enter the loop"):
             loop.run_sync()
+    finally:
+        loop.finish()
+
+
+def _group(task, rewards, r=1):
+    """A finished group of ``task`` with these rewards (one action token each)."""
+    from provrl.provenance import TrajectoryBuilder
+    from provrl.rollout.collector import Group, group_key, traj_id
+
+    trajs = []
+    for s, rew in enumerate(rewards):
+        b = TrajectoryBuilder(traj_id(task.task_id, r, s), task.task_id, meta={"group": group_key(task.task_id, r), "round": r})  # fmt: skip
+        b.add_prompt([1, 2])
+        b.add_actions([3], logprob=[-0.1], kept_mass=[1.0], version=0, kv_min=0, kv_max=0, replica=0)  # fmt: skip
+        trajs.append(b.build(reward=rew, metrics={"exact_match": float(rew > 0)}))
+    return Group(task, r, trajs)
+
+
+def test_a_group_without_signal_is_skipped_never_trained_and_counted(tmp_path, small_world):
+    sets = ["pipeline.curriculum.skip_zero_signal=true", "pipeline.curriculum.zero_signal_limit=3"]
+    cfg = load_config(RunConfig, "quick", [*sets, f"logging.run_dir={tmp_path}"])
+    tasks = [t for t in load_split(small_world, "train") if t.tier in (1, 2)][:3]
+    loop = RLLoop(cfg, RunDir(tmp_path), small_world, tasks, "tiny", progress=False)
+    try:
+        flat, varied = _group(tasks[0], [-0.5] * 4), _group(tasks[1], [0.9, 0.8, -0.5, 0.9])
+        loop.outstanding = 2
+        loop.take([flat, varied])
+        assert loop.ready == [varied] and loop.outstanding == 1
+        assert set(loop.state.skipped) == {t.traj_id for t in flat.trajectories}
+        assert loop.signal["zero_signal_groups"] == 1 and loop.signal["groups"] == 2
+        # a solved group whose rewards differ (fewer tool calls scored higher) has signal
+        loop.take([_group(tasks[2], [0.9, 0.8, 0.9, 0.9])])
+        assert len(loop.ready) == 2
+        with pytest.raises(ConfigError, match="3 finished groups in a row had no signal"):
+            loop.take([_group(t, [0.0] * 4, r=2) for t in tasks])
+        # the evidence of every group, trained or not, reached the curriculum
+        ev = loop.curriculum.evidence
+        assert [(e.successes, e.k) for e in ev[tasks[2].task_id]] == [(4, 4), (0, 4)]
     finally:
         loop.finish()

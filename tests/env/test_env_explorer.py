@@ -1,0 +1,54 @@
+"""The exploratory teacher (provrl.env.oracle.run_explorer): correct traces, more calls than
+the minimal plan, a spread, and the oracle's honesty rule kept."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from provrl.env.build import load_split
+from provrl.env.config import ExplorerConfig
+from provrl.env.oracle import run_explorer, run_oracle
+from provrl.env.search import query_terms
+
+
+def test_explorer_traces_answer_correctly_with_more_calls_than_the_minimal_plan(
+    small_world, small_search
+):
+    tasks = [t for t in load_split(small_world, "train") if t.tier in (1, 2, 3, 4)][:40]
+    cfg = ExplorerConfig()
+    calls, minimal, kinds = [], [], set()
+    for t in tasks:
+        exact = run_oracle(t, small_search, k=3)
+        for s in range(2):
+            r = run_explorer(t, small_search, 3, cfg=cfg, sample=s, max_calls=6)
+            assert r.teacher == "explorer" and r.solved == exact.solved
+            if not r.solved:
+                continue
+            assert r.answer == t.answer  # as correct as the oracle
+            assert len(r.calls) <= max(6, len(t.oracle))
+            # every plan query is issued, in order, among the extras
+            searched = [arg for name, arg in r.calls if name == "search"]
+            it = iter(searched)
+            assert all(any(q == x for x in it) for q in [st.query for st in t.oracle])
+            # a vaguer query uses only words of the exact query it precedes
+            for name, arg in r.calls:
+                if name == "search" and arg not in [st.query for st in t.oracle] and arg != t.answer:  # fmt: skip
+                    assert any(set(query_terms(arg)) <= set(query_terms(st.query)) for st in t.oracle)  # fmt: skip
+            kinds.update(name for name, _ in r.calls)
+            calls.append(len(r.calls))
+            minimal.append(len(t.oracle))
+    assert calls, "no task solved"
+    assert np.mean(calls) >= 1.5 * np.mean(minimal)  # about twice the minimal calls
+    assert len(set(np.array(calls) - np.array(minimal))) >= 3  # with a spread
+    assert kinds == {"search", "open"}
+
+
+def test_explorer_is_deterministic_per_task_and_sample(small_world, small_search):
+    t = next(t for t in load_split(small_world, "train") if t.tier == 2)
+    a = run_explorer(t, small_search, 3, cfg=ExplorerConfig(), sample=0)
+    b = run_explorer(t, small_search, 3, cfg=ExplorerConfig(), sample=0)
+    assert a.calls == b.calls
+    off = ExplorerConfig(reformulate=0, open_unused=0, confirm=0)
+    assert [arg for _, arg in run_explorer(t, small_search, 3, cfg=off).calls] == [
+        st.query for st in t.oracle
+    ]
