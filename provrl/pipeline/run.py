@@ -26,11 +26,13 @@ from typing import Any
 
 import numpy as np
 
-from provrl._sys import release_memory
+from provrl._sys import release_memory, writing
+from provrl.appendlog import AppendLog
 from provrl.config import ConfigError, dump_config, load_config, old_name
 from provrl.env.build import ensure_world, load_split
 from provrl.env.oracle import run_oracle
 from provrl.env.tasks import Task, read_task_file
+from provrl.failpoints import failpoint
 from provrl.models.loading import load_tokenizer
 from provrl.pipeline import stages
 from provrl.pipeline.engines import engine_factory
@@ -150,9 +152,10 @@ def run_pipeline(cfg: RunConfig, run_dir: str | Path, *, progress: bool = True) 
         if name == "warmstart" and not cfg.pipeline.warmstart:
             continue
         release_memory()
-        results[name] = stages.evaluate_policy(
-            cfg, run, world_dir, name, policies[name], sl["eval"], progress, engines
-        )
+        with writing(run.root / "eval" / name):
+            results[name] = stages.evaluate_policy(
+                cfg, run, world_dir, name, policies[name], sl["eval"], progress, engines
+            )
         say(
             f"eval {name}: accuracy {results[name]['accuracy']:.3f}, tool calls/solved "
             f"{results[name]['mean_tool_calls_solved']:.2f}"
@@ -163,24 +166,29 @@ def run_pipeline(cfg: RunConfig, run_dir: str | Path, *, progress: bool = True) 
 
     # report ------------------------------------------------------------------------------------
 
-    report = write_report(run.root)
-    run.mark_done("report", {"path": str(report)})
+    with writing(run.root / "report"):
+        report = write_report(run.root)
+        run.mark_done("report", {"path": str(report)})
     summary = {"run_dir": str(run.root), "eval": results, "rl": rl, "report": str(report)}
     return summary
 
 
 def _stage(run: RunDir, name: str, fn: Any) -> dict[str, Any]:
     """The stage's summary: read back if it finished before, else computed (timed) and marked
-    done."""
+    done. A write of the stage that fails for want of space or permission is one line naming
+    the file (or at least the stage's directory)."""
     done = run.done(name)
     if done is not None:
         return done
     t0 = time.perf_counter()
-    out: dict[str, Any] = fn()
-    # a stage that resumes across processes (RL) reports its own total; else this call's time
-    out.setdefault("stage_wall_s", time.perf_counter() - t0)
-    release_memory()
-    return run.mark_done(name, out)
+    with writing(run.root / name):
+        out: dict[str, Any] = fn()
+        # a stage that resumes across processes (RL) reports its own total; else this call's
+        out.setdefault("stage_wall_s", time.perf_counter() - t0)
+        release_memory()
+        run.mark_done(name, out)
+    failpoint(f"{name}.done")  # crash tests: the stage's marker written, the next not begun
+    return out
 
 
 def warm_start(
@@ -229,8 +237,9 @@ def _write_config(run: RunDir, cfg: RunConfig) -> None:
                 "directory, or the same config to resume"
             )
         if old != new:  # only execution knobs changed: keep the new values, and say so
-            with open(run.root / "resume.log", "a") as f:
-                f.write(f"{time.strftime('%Y-%m-%dT%H:%M:%S')} {_first_diff(old, new)}\n")
+            with AppendLog(run.root / "resume.log") as log:
+                stamp = time.strftime("%Y-%m-%dT%H:%M:%S")
+                log.append(f"{stamp} {_first_diff(old, new)}\n".encode())
     p.write_text(text)
 
 

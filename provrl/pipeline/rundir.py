@@ -8,13 +8,16 @@ stage's resumable checkpoints.
     RUN/probe/  RUN/filter/           probe log + manifest; pools kept/unsolved/solved
     RUN/selfsft/                      optional SFT on the policy's own shortest successes
     RUN/rl/trajectories.jsonl         every RL trajectory, appended as it finishes
-    RUN/rl/ckpt-v{N}/                 weights (safetensors) + optimizer.pt + state.json, COMPLETE
+    RUN/rl/steps.jsonl                one record per step, 1…N (rebuilt from the checkpoint)
+    RUN/rl/ckpt-v{N}/                 weights (safetensors) + optimizer.pt + state.json +
+                                      steps.jsonl (the records of steps 1…N), COMPLETE last
     RUN/eval/{policy}/                eval.json + trajectories.jsonl per evaluated policy
     RUN/report/                       report.md + PNGs
     RUN/{stage}/done.json             written last: the stage is skipped when it exists
 
 Every JSON file is written to a temporary name and renamed (atomic on POSIX), so a
-``kill -9`` leaves either the old or the new file, never half of one.
+``kill -9`` leaves either the old or the new file, never half of one; every append-only
+file follows :mod:`provrl.appendlog` (a torn tail is moved aside before the next append).
 """
 
 from __future__ import annotations
