@@ -3,6 +3,9 @@ no provrl import).
 
 * :func:`write_json` and :func:`atomic_tmp_dir` — a file or a directory written under a
   temporary name and renamed, so a ``kill -9`` leaves the old or the new one, never half;
+* :func:`writing` — the one place a failed write becomes an expected error: disk full, a
+  read-only file system or no permission, whether the write was Python's, safetensors' or
+  torch's, is :class:`WriteError`, one line naming the path;
 * :func:`file_sha256` — a file's content hash, read in chunks; :func:`cache_dir`, where
   converted models and generated worlds are kept;
 * :func:`release_memory` and :func:`rss_mb` — give freed heap back to the OS, and measure
@@ -13,26 +16,128 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
+import errno
 import gc
 import hashlib
 import json
 import os
+import re
 import tempfile
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import psutil
 
+RESOURCE_ERRNOS = frozenset(
+    {errno.ENOSPC, errno.EDQUOT, errno.EFBIG, errno.EROFS, errno.EACCES, errno.EPERM, errno.EIO}
+)
+"""What a write can fail with that is the machine's state, not a bug: no space, over quota,
+file too large, a read-only file system, no permission, an I/O error."""
+_BY_STRERROR = {os.strerror(c): c for c in RESOURCE_ERRNOS}
+_OS_ERROR = re.compile(r"os error (\d+)")  # safetensors (Rust): "... (os error 28)"
+_TORCH_WRITER = ("inline_container.cc", "PytorchStreamWriter", "file write failed")
+
+
+class WriteError(OSError):
+    """A write failed for want of a resource (space, quota, permission, a writable file
+    system): one line naming the file, e.g.
+    ``RUN/rl/ckpt-v2: cannot write: No space left on device (ENOSPC)``."""
+
+    def __str__(self) -> str:
+        code = errno.errorcode.get(self.errno or 0, "?")
+        return f"{self.filename}: cannot write: {self.strerror} ({code})"
+
+
+def resource_errno(e: BaseException, path: str | os.PathLike[str]) -> int | None:
+    """The errno of :data:`RESOURCE_ERRNOS` behind a failed write to ``path``, or None if
+    ``e`` is not such a failure. Python's ``OSError`` carries it; safetensors writes it into
+    its message; torch's zip writer often says only "unexpected pos", so then the file
+    system ``path`` is on is asked (read-only? writable? space left?)."""
+    if isinstance(e, OSError):
+        return e.errno if e.errno in RESOURCE_ERRNOS else None
+    msg = str(e)
+    if type(e).__name__ == "SafetensorError" and (m := _OS_ERROR.search(msg)):
+        code = int(m.group(1))
+        return code if code in RESOURCE_ERRNOS else None
+    if isinstance(e, RuntimeError) and any(s in msg for s in _TORCH_WRITER):
+        for text, code in _BY_STRERROR.items():
+            if text in msg:
+                return code
+        return _diagnose(Path(path))
+    return None
+
+
+def _diagnose(path: Path) -> int:
+    """Why a write under ``path`` could have failed, asked of its file system."""
+    d = path
+    while not d.exists() and d != d.parent:
+        d = d.parent
+    d = d if d.is_dir() else d.parent
+    with contextlib.suppress(OSError):
+        st = os.statvfs(d)
+        if st.f_flag & os.ST_RDONLY:
+            return errno.EROFS
+        if not os.access(d, os.W_OK):
+            return errno.EACCES
+        if st.f_bavail * st.f_frsize < 1 << 20:
+            return errno.ENOSPC
+    return errno.EIO
+
+
+@contextlib.contextmanager
+def writing(
+    path: str | os.PathLike[str], staging: str | os.PathLike[str] | None = None
+) -> Iterator[None]:
+    """Writes to ``path`` (a file, or a directory being filled) inside this block that fail
+    for want of a resource (:func:`resource_errno`) raise :class:`WriteError` naming the file
+    — Python's own ``filename`` if it has one, else ``path``; ``staging``: the temporary name
+    ``path`` is written under, named as ``path``. Other errors pass unchanged. Blocks may
+    nest: the innermost, most precise name wins."""
+    try:
+        yield
+    except WriteError:
+        raise
+    except Exception as e:
+        code = resource_errno(e, staging or path)
+        if code is None:
+            raise
+        name = str(getattr(e, "filename", None) or os.fspath(path))
+        if staging is not None and name.startswith(os.fspath(staging)):
+            name = os.fspath(path) + name[len(os.fspath(staging)) :]
+        raise WriteError(code, os.strerror(code), name) from e
+
 
 def write_json(path: Path, obj: Any) -> None:
-    """Write ``obj`` as JSON to ``path`` atomically (temp file + fsync + rename)."""
-    path.parent.mkdir(parents=True, exist_ok=True)
+    """Write ``obj`` as JSON to ``path`` atomically (temp file + fsync + rename); a failed
+    write removes the temporary file and raises :class:`WriteError` naming ``path``."""
+    write_atomic(path, json.dumps(obj, indent=2, default=str).encode())
+
+
+def write_atomic(path: Path, data: bytes) -> None:
+    """Write ``data`` to ``path`` atomically (temp file + fsync + rename): a ``kill -9``
+    leaves the old or the new file; a failed write, the old one and :class:`WriteError`."""
     tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
-    with open(tmp, "w") as f:
-        json.dump(obj, f, indent=2, default=str)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
+    with writing(path, tmp):
+        path.parent.mkdir(parents=True, exist_ok=True)
+        try:
+            fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o666)
+            try:
+                write_all(fd, data)
+                os.fsync(fd)
+            finally:
+                os.close(fd)
+            os.replace(tmp, path)
+        except BaseException:
+            tmp.unlink(missing_ok=True)
+            raise
+
+
+def write_all(fd: int, data: bytes) -> None:
+    """``os.write`` until all of ``data`` is written (a write may take only part of it)."""
+    view = memoryview(data)
+    while view:
+        view = view[os.write(fd, view) :]
 
 
 def atomic_tmp_dir(final: Path) -> Path:

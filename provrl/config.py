@@ -198,6 +198,7 @@ def parse_yaml(text: str, source: str) -> Any:
     if len(text) > MAX_CONFIG_BYTES:
         raise ConfigError(f"{source}: longer than {MAX_CONFIG_BYTES} bytes, the limit for a config")
     loader = yaml.SafeLoader(text)
+    loader.name = source  # its error marks name the file, not "<unicode string>"
     try:
         node = loader.get_single_node()
         if node is None:
@@ -318,10 +319,22 @@ def load_yaml(path: Path) -> dict[str, Any]:
     except UnicodeDecodeError as e:
         raise ConfigError(f"{path}: not UTF-8 text (byte {e.start})") from e
     except yaml.YAMLError as e:
-        raise ConfigError(f"{path}: invalid YAML: {' '.join(str(e).split())}") from e
+        raise ConfigError(f"{path}{yaml_error(e)}") from e
     if not isinstance(data, dict):
         raise ConfigError(f"{path}: top level must be a mapping, got {type(data).__name__}")
     return data
+
+
+def yaml_error(e: yaml.YAMLError) -> str:
+    """``:LINE: invalid YAML at column C: <problem>, <context>`` — one line number, the
+    problem's (PyYAML's own text names two marks, each with the file)."""
+    mark = getattr(e, "problem_mark", None)
+    problem = getattr(e, "problem", None)
+    if mark is None or problem is None:
+        return f": invalid YAML: {' '.join(str(e).split())}"
+    context = getattr(e, "context", None)
+    why = f"{problem}, {context}" if context else str(problem)
+    return f":{mark.line + 1}: invalid YAML at column {mark.column + 1}: {' '.join(why.split())}"
 
 
 def load_config(

@@ -12,10 +12,11 @@ Format (``docs/provenance.md`` has the full schema and the measurement behind th
   bytes right after the digits and verifies them without re-serialising. Logs written
   before this change padded the CRC to ten digits (``%010d``: leading zeros, not valid
   JSON); the reader accepts both.
-* Every record is one ``write`` of one line, flushed (and ``fsync``-ed when ``durable``).
-  A process killed mid-write leaves at most one torn line at the end of the file; readers
-  skip it with a warning, and a writer reopening the file moves the torn bytes to a
-  ``.torn`` side file (nothing is thrown away) before appending.
+* Every record is one ``write`` of one line, flushed (and ``fsync``-ed when ``durable``):
+  the rule of every append-only file of a run, :mod:`provrl.appendlog`. A process killed
+  mid-write leaves at most one torn line at the end of the file; readers skip it with a
+  warning, and a writer reopening the file moves the torn bytes to a ``.torn`` side file
+  (nothing is thrown away) before appending.
 * A record in the middle of a file that fails its CRC or does not parse is corruption,
   not a torn write: readers raise :class:`CorruptLogError` naming the file and line
   (or, with ``strict=False``, skip it with a warning). Every way a record can be bad —
@@ -29,17 +30,19 @@ from __future__ import annotations
 
 import base64
 import os
-import time
 import warnings
 import zlib
 from collections.abc import Iterable, Iterator
 from dataclasses import asdict
 from pathlib import Path
-from typing import Any, BinaryIO
+from typing import Any
 
 import numpy as np
 import orjson
 
+from provrl.appendlog import AppendLog, read_lines
+from provrl.appendlog import TornRecordWarning as TornRecordWarning  # re-exported
+from provrl.appendlog import repair_torn_tail as repair_torn_tail  # re-exported
 from provrl.provenance import (
     TOKEN_COLUMNS,
     Identity,
@@ -72,10 +75,6 @@ _BAD_RECORD = (
 
 class CorruptLogError(ValueError):
     """A trajectory log line in the middle of a file is unreadable."""
-
-
-class TornRecordWarning(UserWarning):
-    """The last line of a log was cut short (a writer died mid-record); it was skipped."""
 
 
 # ------------------------------------------------------------------------- encoding
@@ -191,40 +190,6 @@ def decode_line(line: bytes) -> Trajectory:
 
 
 # ------------------------------------------------------------------------- writing
-def repair_torn_tail(path: str | os.PathLike[str]) -> Path | None:
-    """If the JSONL file ``path`` ends mid-line (a writer died mid-record), move the torn
-    bytes to ``<name>.torn-<µs>`` beside it — nothing is deleted — so appends start on a
-    fresh line. Warns with :class:`TornRecordWarning`; returns the side file, or None."""
-    path = Path(path)
-    if not path.exists() or path.stat().st_size == 0:
-        return None
-    with open(path, "rb+") as f:
-        size = f.seek(0, os.SEEK_END)
-        f.seek(size - 1)
-        if f.read(1) == b"\n":
-            return None
-        start, pos = 0, size  # the start of the last line
-        while pos > 0:
-            step = min(1 << 16, pos)
-            pos -= step
-            f.seek(pos)
-            k = f.read(step).rfind(b"\n")
-            if k >= 0:
-                start = pos + k + 1
-                break
-        f.seek(start)
-        torn = f.read()
-        side = path.with_name(f"{path.name}.torn-{int(time.time() * 1e6)}")
-        side.write_bytes(torn)
-        f.truncate(start)
-    warnings.warn(
-        f"{path}: last record was torn ({len(torn)} bytes); moved to {side.name}",
-        TornRecordWarning,
-        stacklevel=3,
-    )
-    return side
-
-
 class TrajectoryWriter:
     """Append trajectories to a log file; safe to kill at any moment.
 
@@ -245,19 +210,14 @@ class TrajectoryWriter:
         validate: bool = True,
     ) -> None:
         self.path = Path(path)
-        self.path.parent.mkdir(parents=True, exist_ok=True)
         self.durable, self.compress, self.validate = durable, compress, validate
-        repair_torn_tail(self.path)
-        self._f: BinaryIO = open(self.path, "ab")  # noqa: SIM115 - closed in close()
+        self._log = AppendLog(self.path, durable=durable)  # a torn tail moved aside first
         self.records_written = 0
 
     def write(self, traj: Trajectory) -> None:
         if self.validate:
             traj.validate()
-        self._f.write(encode_line(traj, self.compress))
-        self._f.flush()
-        if self.durable:
-            os.fsync(self._f.fileno())
+        self._log.append(encode_line(traj, self.compress))
         self.records_written += 1
 
     def write_many(self, trajs: Iterable[Trajectory]) -> None:
@@ -265,9 +225,7 @@ class TrajectoryWriter:
             self.write(t)
 
     def close(self) -> None:
-        if not self._f.closed:
-            self._f.flush()
-            self._f.close()
+        self._log.close()
 
     def __enter__(self) -> TrajectoryWriter:
         return self
@@ -293,42 +251,22 @@ def read_trajectories(
     like ``tail -f`` (a partial last line is waited for) until ``idle_timeout_s`` passes
     without new data (``None``: forever).
     """
-    path = Path(path)
-    lineno = 0
-    with open(path, "rb") as f:
-        pending = b""
-        idle_since = time.monotonic()
-        while True:
-            line = f.readline(MAX_RECORD_BYTES + 1 - len(pending))
-            if line:
-                idle_since = time.monotonic()
-            if len(pending) + len(line) > MAX_RECORD_BYTES:
-                raise CorruptLogError(
-                    f"{path}:{lineno + 1}: record longer than {MAX_RECORD_BYTES} bytes"
-                )
-            if line.endswith(b"\n"):
-                line, pending = pending + line, b""
-                lineno += 1
-                try:
-                    yield decode_line(line)
-                except _BAD_RECORD as e:
-                    msg = f"{path}:{lineno}: unreadable trajectory record ({e})"
-                    if strict:
-                        raise CorruptLogError(msg) from e
-                    warnings.warn(msg, stacklevel=2)
-                continue
-            pending += line
-            if not follow:
-                if pending:
-                    warnings.warn(
-                        f"{path}:{lineno + 1}: torn last record ({len(pending)} bytes) skipped",
-                        TornRecordWarning,
-                        stacklevel=2,
-                    )
-                return
-            if idle_timeout_s is not None and time.monotonic() - idle_since > idle_timeout_s:
-                return
-            time.sleep(poll_s)
+    lines = read_lines(
+        path,
+        error=CorruptLogError,
+        max_line_bytes=MAX_RECORD_BYTES,
+        follow=follow,
+        poll_s=poll_s,
+        idle_timeout_s=idle_timeout_s,
+    )
+    for lineno, line in lines:
+        try:
+            yield decode_line(line)
+        except _BAD_RECORD as e:
+            msg = f"{path}:{lineno}: unreadable trajectory record ({e})"
+            if strict:
+                raise CorruptLogError(msg) from e
+            warnings.warn(msg, stacklevel=2)
 
 
 def read_all(path: str | os.PathLike[str], *, strict: bool = True) -> list[Trajectory]:

@@ -128,3 +128,13 @@ def test_device_a_machine_cannot_use_is_a_config_error_naming_the_key():
         with pytest.raises(ConfigError, match="no CUDA device"):
             load_config(RunConfig, None, ["model.device=cuda"])
     assert load_config(RunConfig, None, ["model.device=cpu"]).model.device == "cpu"
+
+
+def test_a_yaml_error_names_the_file_and_one_line(tmp_path):
+    p = tmp_path / "my.yaml"
+    p.write_text("model:\n  name: tiny\n bad: [\n")
+    with pytest.raises(ConfigError) as e:
+        load_config(RunConfig, p)
+    msg = str(e.value)
+    assert msg.startswith(f"{p}:3: invalid YAML at column 2: ") and "<unicode string>" not in msg
+    assert msg.count("line") == 0, msg  # one line number: the one after the file name

@@ -163,7 +163,7 @@ def test_killed_writer_process_leaves_earlier_records_readable(tmp_path):
             if i == 3:
                 # the next write is torn: simulate a kill part-way through it
                 line = __import__("provrl.trajlog", fromlist=["x"]).encode_line(b.build(), False)
-                os.write(w._f.fileno(), line[: len(line) // 2])
+                os.write(w._log.fileno(), line[: len(line) // 2])
                 os.kill(os.getpid(), signal.SIGKILL)
         """
     )

@@ -14,6 +14,12 @@ requests per phase:
   broken JSON, wrong types, a streamed 8 MB body, FTS5 syntax, control characters, and the
   heaviest query the bounds still serve: the index's 64 most common words).
 
+``--soak ROUNDS --round-s S`` (:func:`soak`) instead drives the mixed phase for ROUNDS
+rounds of S seconds after one warm-up round, with the non-finite bodies of issue 28 (``NaN``,
+``Infinity``, ``1e400``) among the hostile kinds, and reports per round the server's RSS, its
+5xx answers and the valid requests that failed (a reset connection included): the issue
+asks 0 and 0, and RSS within 10 % of the warm-up's.
+
 Reported per phase (medians over the repeats): p50 / p99 latency of the *clean* requests,
 requests/s, and errors — a clean request that did not get 200, or any request that got a
 5xx, timed out or lost its connection (a hostile request answered 400/413/422 is the bound
@@ -26,6 +32,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import json
 import os
 import socket
@@ -33,6 +40,7 @@ import subprocess
 import sys
 import time
 from collections import Counter, defaultdict
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -76,6 +84,14 @@ def hostile_bodies(world: Path) -> dict[str, Any]:
         "control_chars": _body({"queries": ["\x00\x1b[2J\u202e🙂" * 20], "topk": 3}),
         "max_terms_common": _body({"queries": [" ".join(common[:MAX_QUERY_TERMS])], "topk": 3}),
     }
+
+
+NON_FINITE = {  # issue 28: each answered 500 and logged a traceback
+    "nan": b'{"queries": ["born"], "topk": NaN}',
+    "infinity": b'{"queries": ["born"], "topk": Infinity}',
+    "1e400": b'{"queries": ["born"], "topk": 1e400}',
+    "nan_query": b'{"queries": [NaN, "born"], "return_scores": true}',
+}
 
 
 def _free_port() -> int:
@@ -179,9 +195,10 @@ async def _phase(
     }
 
 
-def run(
-    world: Path, concurrency: int, requests: int, repeats: int, hostile: float, progress: bool
-) -> dict[str, Any]:
+@contextlib.contextmanager
+def serving(world: Path) -> Iterator[tuple[str, subprocess.Popen[bytes]]]:
+    """``provrl serve-search`` on ``world`` in its own process on a free 127.0.0.1 port,
+    once it answers ``/health``: its URL and process (terminated on exit)."""
     port = _free_port()
     url = f"http://127.0.0.1:{port}"
     cmd = [sys.executable, "-m", "provrl.cli", "serve-search", "--world", str(world)]
@@ -194,7 +211,72 @@ def run(
                 httpx.get(f"{url}/health", timeout=1)
                 break
             except httpx.HTTPError:
+                if proc.poll() is not None:
+                    raise RuntimeError(f"serve-search exited with {proc.returncode}") from None
                 time.sleep(0.1)
+        yield url, proc
+    finally:
+        proc.terminate()
+        proc.wait(timeout=30)
+
+
+def soak(
+    world: Path,
+    rounds: int = 3,
+    round_s: float = 30.0,
+    concurrency: int = 8,
+    hostile: float = 0.2,
+    progress: bool = False,
+) -> dict[str, Any]:
+    """The mixed phase (``hostile`` of the requests hostile, the non-finite bodies among
+    them) for one warm-up round and then ``rounds`` rounds of ``round_s`` seconds each: per
+    round the requests, the server's 5xx answers, the valid requests that failed (not 200,
+    or a lost connection) and the server's RSS after it."""
+    bodies = {**hostile_bodies(world), **NON_FINITE}
+    queries = _clean_queries(world)
+    out: list[dict[str, Any]] = []
+    with serving(world) as (url, proc):
+        for r in range(rounds + 1):  # round 0: the warm-up
+            errors: Counter[str] = Counter()
+            n = 0
+            t_end = time.perf_counter() + round_s
+            while time.perf_counter() < t_end:
+                res = asyncio.run(
+                    _phase(url, queries, bodies, 200, concurrency, hostile, seed=1000 * r + n)
+                )
+                n += res["requests"]
+                errors.update(res["error_kinds"])
+            row = {
+                "round": r,
+                "requests": n,
+                "server_errors": sum(v for k, v in errors.items() if "HTTP 5" in k),
+                "valid_failed": sum(v for k, v in errors.items() if k.startswith("clean")),
+                "errors": dict(errors),
+                "rss_mb": round(_rss_mb(proc.pid), 1),
+            }
+            out.append(row)
+            if progress:
+                print(json.dumps(row), file=sys.stderr)
+    warm = out[0]["rss_mb"]
+    return {
+        "benchmark": "retrieve_soak",
+        "rounds": rounds,
+        "round_s": round_s,
+        "concurrency": concurrency,
+        "hostile_frac": hostile,
+        "per_round": out,
+        "requests": sum(r["requests"] for r in out[1:]),
+        "server_errors": sum(r["server_errors"] for r in out[1:]),
+        "valid_failed": sum(r["valid_failed"] for r in out[1:]),
+        "rss_warm_mb": warm,
+        "rss_max_growth_frac": round(max(r["rss_mb"] for r in out[1:]) / warm - 1, 4),
+    }
+
+
+def run(
+    world: Path, concurrency: int, requests: int, repeats: int, hostile: float, progress: bool
+) -> dict[str, Any]:
+    with serving(world) as (url, proc):
         queries, bodies = _clean_queries(world), hostile_bodies(world)
         asyncio.run(_phase(url, queries, bodies, 200, concurrency, 0.0, seed=99))  # warm-up
         rss = {"start": _rss_mb(proc.pid)}
@@ -216,9 +298,6 @@ def run(
                     )
         rss["end"] = _rss_mb(proc.pid)
         rss["peak"] = _rss_mb(proc.pid, "VmHWM")
-    finally:
-        proc.terminate()
-        proc.wait(timeout=30)
 
     def med(name: str, key: str) -> float:
         return round(float(np.median([p[key] for p in passes[name]])), 2)
@@ -272,8 +351,14 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--hostile", type=float, default=0.1, help="hostile fraction (mixed)")
     ap.add_argument("--json", action="store_true", help="print JSON only")
+    ap.add_argument("--soak", type=int, default=0, help="soak rounds (0: the phases instead)")
+    ap.add_argument("--round-s", type=float, default=30.0, help="seconds per soak round")
     args = ap.parse_args(argv)
     world = ensure_world(WorldConfig(), args.world)
+    if args.soak:
+        res = soak(world, args.soak, args.round_s, args.concurrency, args.hostile, not args.json)
+        print(json.dumps(res, indent=None if args.json else 2))
+        return
     result = run(world, args.concurrency, args.requests, args.repeats, args.hostile, not args.json)
     if args.json:
         result.pop("passes")

@@ -30,7 +30,7 @@ from typing import Annotated, Any
 import typer
 from typer.exceptions import TyperException
 
-from provrl._sys import cache_dir
+from provrl._sys import WriteError, cache_dir
 from provrl.cli import config_docs as cd
 from provrl.cli.bench import app as bench_app
 from provrl.cli.classic import trpo
@@ -189,7 +189,10 @@ EXPECTED_ERRORS: tuple[type[BaseException], ...] = (ValueError, OSError, Runtime
 (ConfigError, EngineError, WorldError, TaskFileError, CheckpointError, ProvenanceError,
 CorruptLogError, FilterError; pydantic's ValidationError too) except SearchError, a
 RuntimeError like torch's device errors; OSError covers missing files, permissions and
-timeouts. Other exceptions are bugs and keep their traceback."""
+timeouts, and :class:`~provrl._sys.WriteError` a write that found no space, a read-only file
+system or no permission — whether Python, safetensors or torch wrote (``RUN/rl/ckpt-v2:
+cannot write: No space left on device (ENOSPC)``). Other exceptions are bugs and keep their
+traceback."""
 MAX_MESSAGE_CHARS = 1000
 
 
@@ -206,7 +209,8 @@ def one_line(e: BaseException) -> str:
     else:
         parts = [line.strip() for line in str(e).splitlines() if line.strip()]
     msg = "; ".join(parts) or type(e).__name__
-    if isinstance(e, OSError | RuntimeError) and not msg.startswith(type(e).__name__):
+    named = isinstance(e, WriteError) or msg.startswith(type(e).__name__)  # says what failed
+    if isinstance(e, OSError | RuntimeError) and not named:
         msg = f"{type(e).__name__}: {msg}"
     if len(msg) > MAX_MESSAGE_CHARS:
         msg = msg[: MAX_MESSAGE_CHARS - 1] + "…"

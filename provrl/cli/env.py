@@ -79,6 +79,7 @@ L = "env.serve.limits."
         "max_query_chars": L + "max_query_chars",
         "max_body_bytes": L + "max_body_bytes",
         "time_budget": L + "time_budget_s",
+        "body_timeout": L + "body_timeout_s",
         "title_weight": "env.search.title_weight",
         "latency_sigma": "env.search.latency.sigma",
         "index": "env.search.index",

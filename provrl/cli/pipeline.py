@@ -14,8 +14,11 @@ from provrl.run_config.run import RunConfig
 
 def run(
     preset: Annotated[
-        str, typer.Option("--preset", "--config", help="Preset in configs/ or a YAML path.")
-    ] = "default",
+        str | None,
+        typer.Option(
+            "--preset", "--config", help="Preset in configs/ or a YAML path (default: default)."
+        ),
+    ] = None,
     overrides: Annotated[
         list[str] | None,
         typer.Option(
@@ -24,7 +27,10 @@ def run(
     ] = None,
     resume: Annotated[
         Path | None,
-        typer.Option(help="Continue the run in this directory with its saved config.yaml."),
+        typer.Option(
+            help="Continue the run in this directory with its saved config.yaml (--set may "
+            "change only execution-only keys: logging.*, micro-batch sizes, eval concurrency)."
+        ),
     ] = None,
     tasks: Annotated[
         Path | None,
@@ -41,16 +47,44 @@ def run(
     from provrl.pipeline.run import run_pipeline
 
     if resume is not None:
-        if not (resume / "config.yaml").is_file():
-            raise ConfigError(f"{resume}: no config.yaml — not a provrl run directory")
-        cfg = load_config(RunConfig, resume / "config.yaml", overrides or [])
+        cfg = resume_config(resume, overrides or [], preset=preset, tasks=tasks)
         run_dir = resume
     else:
         extra = [f"pipeline.tasks.file={tasks}"] if tasks is not None else []
-        cfg = load_config(RunConfig, preset, [*(overrides or []), *extra])
+        cfg = load_config(RunConfig, preset or "default", [*(overrides or []), *extra])
         run_dir = Path(cfg.logging.run_dir)
     summary = run_pipeline(cfg, run_dir, progress=progress and cfg.logging.progress)
     typer.echo(Path(summary["report"]).read_text())
+
+
+def resume_config(
+    run_dir: Path, overrides: list[str], *, preset: str | None, tasks: Path | None
+) -> RunConfig:
+    """The config ``provrl run --resume RUN_DIR`` continues with: the run's own
+    ``config.yaml``, with ``overrides`` only where they change execution-only keys
+    (:data:`~provrl.pipeline.pin.RESUMABLE`); ``--preset``, ``--tasks`` or a ``--set`` that
+    changes what the run computes are refused with one line."""
+    from provrl.pipeline.pin import RESUMABLE, diffs, named_changes, resumable
+
+    path = run_dir / "config.yaml"
+    if not path.is_file():
+        raise ConfigError(f"{run_dir}: no config.yaml — not a provrl run directory")
+    keeps = f"--resume {run_dir} keeps the run's config ({path})"
+    if preset is not None:
+        raise ConfigError(f"{keeps}; drop --preset {preset}, or start a new run directory")
+    if tasks is not None:
+        raise ConfigError(f"{keeps}; drop --tasks {tasks}, or start a new run directory")
+    cfg = load_config(RunConfig, path, overrides)
+    if overrides:
+        was = load_config(RunConfig, path).model_dump(mode="json")
+        changed = diffs(was, cfg.model_dump(mode="json"))
+        changed = [d for d in changed if not resumable(d.split(":", 1)[0])]
+        if changed:
+            raise ConfigError(
+                f"{keeps}; --set may change only {', '.join(RESUMABLE)} — not "
+                + named_changes(RunConfig, changed)
+            )
+    return cfg
 
 
 def report(

@@ -18,12 +18,21 @@ service also sends ``doc_id``, ``title`` and ``text`` separately. provrl extensi
 queries, ``topk`` over ``max_topk``, ``queries × topk`` over ``max_results`` or a query over
 ``max_query_chars`` characters get 422 naming the field; the backend's own bounds (terms
 per query, time budget per query: :class:`~provrl.env.search.QueryError`) answer 422
-naming ``queries[i]``; a request still running after ``time_budget_s`` stops with 503.
-Every refusal is one JSON ``detail`` line, and no request holds a worker past its budget.
+naming ``queries[i]``; a request still running after ``time_budget_s`` stops with 503; a
+body still arriving after ``body_timeout_s`` gets 408 and its connection is closed.
+
+**Strict JSON** (:func:`strict_json`): a body is JSON as RFC 8259 defines it — ``NaN``,
+``Infinity`` and numbers too large for a float (``1e400``) get 422 naming the field, as do
+malformed or too deeply nested bodies and wrong types; no input answers 500. Every refusal
+is one JSON ``detail`` line, and a keep-alive connection stays usable after a rejected
+request (only a stalled body's is closed); no request holds a worker past its budget.
 """
 
 from __future__ import annotations
 
+import asyncio
+import json
+import math
 import time
 from typing import Any
 from urllib.parse import quote
@@ -43,11 +52,14 @@ class RetrieveRequest(BaseModel):
 
 
 class BodyLimit:
-    """ASGI middleware: 413 for a request body over ``max_bytes`` — from its
-    Content-Length before reading anything, or while a chunked body streams in."""
+    """ASGI middleware bounding a request body in size and time: 413 for a body over
+    ``max_bytes`` — from its Content-Length before reading anything, or while a chunked body
+    streams in (the server discards the rest, so the connection stays usable) — and 408,
+    closing the connection, for a body not received within ``timeout_s`` of the request's
+    start."""
 
-    def __init__(self, app: Any, max_bytes: int) -> None:
-        self.app, self.max_bytes = app, max_bytes
+    def __init__(self, app: Any, max_bytes: int, timeout_s: float = 10.0) -> None:
+        self.app, self.max_bytes, self.timeout_s = app, max_bytes, timeout_s
 
     async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
         if scope["type"] != "http":
@@ -63,10 +75,15 @@ class BodyLimit:
             await too_big(scope, receive, send)
             return
         seen = 0
+        deadline = time.monotonic() + self.timeout_s
 
         async def bounded() -> Any:
             nonlocal seen
-            message = await receive()
+            try:
+                message = await asyncio.wait_for(receive(), deadline - time.monotonic())
+            except TimeoutError:
+                why = f"request body not received within {self.timeout_s:g} s"
+                raise HTTPException(408, why, {"connection": "close"}) from None
             seen += len(message.get("body", b""))
             if seen > self.max_bytes:
                 raise HTTPException(413, reason)
@@ -75,15 +92,115 @@ class BodyLimit:
         await self.app(scope, bounded, send)
 
 
+class _NonFinite:
+    """Where a JSON body held ``NaN``, ``Infinity`` or an overflowing number."""
+
+    def __init__(self, text: str) -> None:
+        self.text = text
+
+
+def _float(text: str) -> Any:
+    value = float(text)
+    return value if math.isfinite(value) else _NonFinite(text)
+
+
+def _first_non_finite(node: Any, path: str) -> tuple[str, str] | None:
+    if isinstance(node, _NonFinite):
+        return path, node.text
+    items = (
+        node.items()
+        if isinstance(node, dict)
+        else enumerate(node)
+        if isinstance(node, list)
+        else ()
+    )
+    for k, v in items:
+        found = _first_non_finite(v, f"{path}.{k}" if isinstance(k, str) else f"{path}[{k}]")
+        if found is not None:
+            return found
+    return None
+
+
+class BodyError(ValueError):
+    """A request body is not strict JSON; the message names the field or position."""
+
+
+def strict_json(body: bytes) -> Any:
+    """``body`` parsed as strict JSON (RFC 8259): ``NaN``, ``Infinity``, ``-Infinity`` and
+    numbers that overflow a float (``1e400``) are :class:`BodyError` naming the field
+    (``topk``, ``queries[0]``), as are malformed, too deeply nested or non-UTF-8 bodies."""
+    try:
+        tree = json.loads(body, parse_constant=_NonFinite, parse_float=_float)
+    except json.JSONDecodeError as e:
+        raise BodyError(f"body: invalid JSON at character {e.pos}: {e.msg}") from None
+    except RecursionError:
+        raise BodyError("body: JSON nested too deeply") from None
+    except UnicodeDecodeError as e:
+        raise BodyError(f"body: not UTF-8 (byte {e.start})") from None
+    except ValueError:  # Python's bound on integer digits (sys.get_int_max_str_digits)
+        raise BodyError("body: an integer with more digits than a JSON number may have") from None
+    try:
+        found = _first_non_finite(tree, "")
+    except RecursionError:
+        raise BodyError("body: JSON nested too deeply") from None
+    if found is not None:
+        where, text = found
+        raise BodyError(f"{where.lstrip('.') or 'body'}: {text} is not a finite JSON number")
+    return tree
+
+
+def _strict_route() -> Any:
+    """An ``APIRoute`` whose requests parse their JSON body with :func:`strict_json` (422
+    naming the field, instead of Python's lenient ``json.loads``)."""
+    from fastapi import HTTPException, Request
+    from fastapi.routing import APIRoute
+
+    class StrictRequest(Request):
+        async def json(self) -> Any:
+            if not hasattr(self, "_json"):
+                try:
+                    self._json = strict_json(await self.body())
+                except BodyError as e:
+                    raise HTTPException(422, str(e)) from None
+            return self._json
+
+    class StrictRoute(APIRoute):
+        def get_route_handler(self) -> Any:
+            handler = super().get_route_handler()
+
+            async def strict(request: Request) -> Any:
+                return await handler(StrictRequest(request.scope, request.receive))
+
+            return strict
+
+    return StrictRoute
+
+
+def _one_line(exc: Any) -> str:
+    """A request validation error as one line naming the field (no echo of the input)."""
+    parts = []
+    for e in exc.errors()[:3]:
+        loc = [str(x) for x in e.get("loc", ()) if x != "body"]
+        parts.append(f"{'.'.join(loc) or 'body'}: {e.get('msg', 'invalid')}")
+    return "; ".join(parts) or "invalid request"
+
+
 def make_app(
     backend: SearchBackend, default_topk: int = 3, limits: RetrieveLimits | None = None
 ) -> Any:
     """The FastAPI application serving ``backend`` within ``limits``."""
     from fastapi import FastAPI, HTTPException
+    from fastapi.exceptions import RequestValidationError
+    from fastapi.responses import JSONResponse
 
     lim = limits or RetrieveLimits()
     app = FastAPI(title="provrl search", version="1")
-    app.add_middleware(BodyLimit, max_bytes=lim.max_body_bytes)
+    app.router.route_class = _strict_route()
+    app.add_middleware(BodyLimit, max_bytes=lim.max_body_bytes, timeout_s=lim.body_timeout_s)
+
+    @app.exception_handler(RequestValidationError)
+    async def invalid(_: Any, exc: RequestValidationError) -> JSONResponse:
+        return JSONResponse({"detail": _one_line(exc)}, status_code=422)
 
     def check(req: RetrieveRequest, k: int) -> None:
         n = len(req.queries)

@@ -48,4 +48,12 @@ def iter_records(
             try:
                 yield lineno, orjson.loads(line)
             except orjson.JSONDecodeError as e:
-                raise error(f"{p}:{lineno}: invalid JSON ({e})") from None
+                raise error(f"{p}:{lineno}: invalid JSON ({json_error(e, line)})") from None
+
+
+def json_error(e: orjson.JSONDecodeError, line: bytes) -> str:
+    """The reason of a JSON error in one line, with its column in that line — not the
+    decoder's own "line 2 column 1", which counts the line's newline as a second line."""
+    text = line.decode("utf-8", "replace").rstrip("\r\n")
+    col = min(e.pos, len(text)) + 1
+    return f"{e.msg} at column {col}" + (" (end of line)" if e.pos >= len(text) else "")

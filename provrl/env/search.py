@@ -129,6 +129,12 @@ class RetrieveLimits(Section):
         description="Wall-clock budget of one request; past it the request stops (503). "
         "Leave it unless clients send very large batches on purpose.",
     )
+    body_timeout_s: float = Field(
+        10.0,
+        gt=0,
+        description="Longest a request body may take to arrive (s); a slower one gets 408 "
+        "and its connection is closed, so a body that never finishes holds nothing.",
+    )
 
 
 @dataclass(frozen=True)

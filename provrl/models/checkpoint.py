@@ -13,7 +13,7 @@ from typing import Any
 
 import torch
 
-from provrl._sys import atomic_tmp_dir
+from provrl._sys import atomic_tmp_dir, writing
 from provrl.models.chat import tokenizer_identity
 
 METADATA_FILE = "provrl.json"
@@ -30,22 +30,31 @@ def save_checkpoint(
     identity) to ``path``, loadable by transformers 4.x and 5.x, with normal permissions.
 
     Written to a temporary sibling directory first and renamed, so a crash never leaves a
-    half-written checkpoint under the final name."""
+    half-written checkpoint under the final name. A write that fails for want of space or
+    permission (safetensors', the tokenizer's or ours) removes the temporary directory and
+    raises :class:`~provrl._sys.WriteError` naming the checkpoint."""
     import shutil
 
     final = Path(path)
-    tmp = atomic_tmp_dir(final)
-    model.save_pretrained(tmp, safe_serialization=True)
-    portable_config(tmp / "config.json")
-    if tokenizer is not None:
-        tokenizer.save_pretrained(tmp)
-        portable_tokenizer_config(tmp / "tokenizer_config.json")
-        metadata.setdefault("tokenizer", tokenizer_identity(tokenizer))
-    (tmp / METADATA_FILE).write_text(json.dumps(metadata, indent=2, sort_keys=True, default=str))
-    normal_permissions(tmp)
-    if final.exists():
-        shutil.rmtree(final)
-    tmp.rename(final)
+    with writing(final):
+        tmp = atomic_tmp_dir(final)
+    try:
+        with writing(final, tmp):
+            model.save_pretrained(tmp, safe_serialization=True)
+            portable_config(tmp / "config.json")
+            if tokenizer is not None:
+                tokenizer.save_pretrained(tmp)
+                portable_tokenizer_config(tmp / "tokenizer_config.json")
+                metadata.setdefault("tokenizer", tokenizer_identity(tokenizer))
+            meta = json.dumps(metadata, indent=2, sort_keys=True, default=str)
+            (tmp / METADATA_FILE).write_text(meta)
+            normal_permissions(tmp)
+            if final.exists():
+                shutil.rmtree(final)
+            tmp.rename(final)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)  # give the space back
+        raise
     return final
 
 

@@ -35,14 +35,23 @@ the version and the set of trained trajectories; the trajectory log is read back
 untrained groups go back to the ready queue (subject to the lag rule), incomplete ones are
 finished without rerunning the samples that exist, and the curriculum is rebuilt by
 replaying the probe and the log. A version is hot-loaded only after its checkpoint is complete, so no trajectory can
-carry a version that a resumed run would produce again.
+carry a version that a resumed run would produce again. A step's record is written into its
+checkpoint before ``COMPLETE`` and ``RUN/rl/steps.jsonl`` is rebuilt from it on resume
+(:mod:`provrl.pipeline.steplog`), so the step records are always 1…N.
+
+Between two durable writes of a step there is a failpoint (``PROVRL_FAILPOINT``, the crash
+tests kill at each)::
+
+    learner step ─ rl.trained ─ weights + optimizer ─ rl.ckpt.weights ─ state.json + step
+    record in the checkpoint ─ rl.ckpt.state ─ COMPLETE ─ rl.ckpt.complete ─ older
+    checkpoint pruned ─ rl.ckpt.pruned ─ steps.jsonl ─ rl.recorded ─ metrics row ─
+    rl.saved ─ hot-load (engine.hotload inside) ─ rl.hotloaded
 """
 
 from __future__ import annotations
 
 import contextlib
 import json
-import os
 import time
 from collections import Counter, defaultdict
 from collections.abc import Sequence
@@ -55,7 +64,8 @@ import numpy as np
 import torch
 from tqdm import tqdm
 
-from provrl._sys import release_memory, rss_mb, write_json
+from provrl._sys import release_memory, rss_mb, write_atomic, write_json, writing
+from provrl.appendlog import AppendLog
 from provrl.config import ConfigError
 from provrl.distributed.factory import fleet_summary
 from provrl.engine.api import EngineFactory, HotLoadMode
@@ -66,6 +76,14 @@ from provrl.pipeline.admission import group_lag, may_start, split_stale
 from provrl.pipeline.curriculum import Curriculum, Evidence, has_signal
 from provrl.pipeline.engines import engine_factory, make_learner
 from provrl.pipeline.rundir import COMPLETE, RunDir
+from provrl.pipeline.steplog import (
+    STEPS,
+    keep_in_checkpoint,
+    restore_metrics,
+    restore_steps,
+    step_line,
+)
+from provrl.pipeline.steplog import read_steps as read_steps  # re-exported: its old home
 from provrl.provenance import Trajectory
 from provrl.report.metrics import MetricsWriter
 from provrl.rollout.collector import Collector, Group, group_key
@@ -86,6 +104,24 @@ class RLState:
     """Trajectories of groups without signal (all rewards equal): never trained."""
     wall_s: float = 0.0
     trainer_busy_s: float = 0.0
+
+
+BATCH_SCALARS = (
+    "accuracy",
+    "tool_calls",
+    "tool_calls_solved",
+    "malformed",
+    "action_tokens",
+    "mixed_version_trajectories",
+    "max_lag",
+)
+"""The scalars of :func:`batch_stats` that go to the metrics sink (``rl_batch/…``)."""
+
+
+def batch_row(record: dict[str, Any]) -> dict[str, Any]:
+    """The metrics sink's ``rl_batch`` row of a step record (the same whether the record was
+    just made or read back to rebuild a row a kill lost)."""
+    return {k: record[k] for k in BATCH_SCALARS if isinstance(record.get(k), int | float)}
 
 
 def batch_stats(groups: Sequence[Group], trainer_version: int) -> dict[str, Any]:
@@ -157,6 +193,11 @@ class RLLoop:
         if latest is not None:
             self.state = RLState(**json.loads((latest[1] / "state.json").read_text()))
             policy_path = str(latest[1])
+        self.log_path = self.rl_dir / "trajectories.jsonl"
+        self.steps_log = self.rl_dir / STEPS
+        self.step_lines = restore_steps(self.rl_dir, None if latest is None else latest[1])
+        """The lines of steps 1…N, as the newest checkpoint holds them (``steps.jsonl``)."""
+        batch_rows = restore_metrics(self.rl_dir / "metrics.jsonl", self.state.steps)
         torch.manual_seed(self.seed + self.state.version)
         self.lm = load_model(policy_path, dtype=cfg.model.dtype, device=cfg.model.device)
         self.engine_threads, self.trainer_threads = cfg.engine.threads, 0
@@ -178,6 +219,7 @@ class RLLoop:
         self.metrics = MetricsWriter.from_logging(
             self.rl_dir, cfg.logging, config=cfg.model_dump(mode="json")
         )
+        self.rebuild_batch_rows(batch_rows)
         self.learner = make_learner(  # engine.backend: ray → a trainer actor; else this process
             self.lm,
             cfg,
@@ -187,8 +229,6 @@ class RLLoop:
             threads=self.trainer_threads,
             optimizer_state=None if latest is None else latest[1],
         )
-        self.log_path = self.rl_dir / "trajectories.jsonl"
-        self.steps_log = self.rl_dir / "steps.jsonl"
         self.dropped_before = len(set(self.state.dropped))  # trajectories, earlier sessions
         self.reprobes: set[str] = set()
         """Group keys started as re-probes of the unsolved or solved pool (this session)."""
@@ -270,6 +310,14 @@ class RLLoop:
         if self.cfg.pipeline.curriculum.enabled:
             self.curriculum.advance(self.state.version)
         return partial, {"trajectories_in_log": len(logged), "untrained_groups": len(partial)}
+
+    def rebuild_batch_rows(self, present: set[int]) -> None:
+        """Write the metrics sink's ``rl_batch`` row of every committed step that lacks it (a
+        kill between the step's record and its row)."""
+        for line in self.step_lines:
+            record = json.loads(line)
+            if int(record["step"]) not in present:
+                self.metrics.log(int(record["step"]), batch_row(record), prefix="rl_batch")
 
     def __enter__(self) -> RLLoop:
         """Open the log writer and the collector, and resubmit the untrained groups of the
@@ -372,8 +420,10 @@ class RLLoop:
     def finish_step(
         self, result: Any, stats: dict[str, Any], groups: list[Group], mode: HotLoadMode
     ) -> None:
-        """After a step: checkpoint u+1, record the step, then hot-load u+1 (``mode``) — never
-        the other way round, so no token is sampled under a version a crash could lose."""
+        """After a step: checkpoint u+1 with the step's record, append the record to the logs,
+        then hot-load u+1 (``mode``) — never the other way round, so no token is sampled
+        under a version a crash could lose, and no committed step lacks its record."""
+        failpoint("rl.trained")  # the update exists only in memory: a kill trains it again
         self.outstanding -= len(groups)
         self.trainer_busy += float(result.metrics.get("step_s", 0.0))
         self.state.trained.extend(t.traj_id for g in groups for t in g.trajectories)
@@ -381,43 +431,57 @@ class RLLoop:
         if self.cfg.pipeline.curriculum.enabled:
             self.curriculum.advance(result.version)
         stats["pools"] = self.curriculum.counts()
-        self.save(result.version)  # before the engine may sample a single token of it
-        self.record(dict(result.metrics), stats)
-        failpoint("rl.saved")  # version u+1 saved, not yet loaded anywhere
+        record = self.step_record(result.version, dict(result.metrics), stats)
+        self.save(result.version, record)  # before the engine may sample a single token of it
+        self.record(record)
+        failpoint("rl.saved")  # version u+1 saved and recorded, not yet loaded anywhere
         self.engine.load_weights(result.weights, result.version, mode=mode)
         failpoint("rl.hotloaded")
         release_memory()
         self.bar.update(1)
         self.bar.set_postfix(acc=f"{stats['accuracy']:.2f}", calls=f"{stats['tool_calls']:.2f}")
 
-    def save(self, result_version: int) -> None:
-        """Checkpoint u+1 (weights, optimizer, RNG, trained ids) — complete before hot-load."""
-        final = self.rl_dir / f"ckpt-v{result_version}"
-        self.learner.save(final, kind="rl", version=result_version, start_policy=self.start_policy)
-        self.state.version = result_version
-        self.state.wall_s = time.perf_counter() - self.t_start
-        self.state.trainer_busy_s = self.trainer_busy
-        write_json(final / "state.json", self.state.__dict__)
-        (final / COMPLETE).write_text("")
-        self.run_dir.prune_checkpoints(keep=1)
-
-    def record(self, step_metrics: dict[str, Any], stats: dict[str, Any]) -> None:
-        """One line of ``steps.jsonl`` and the batch statistics in the metrics sink."""
-        line = {
+    def step_record(
+        self, version: int, step_metrics: dict[str, Any], stats: dict[str, Any]
+    ) -> dict[str, Any]:
+        """The step's line of ``steps.jsonl``: the batch's statistics and the update's."""
+        return {
             "step": self.state.steps,
-            "version": self.state.version,
+            "version": version,
             **stats,
             **step_metrics,
             "wall_s": time.perf_counter() - self.t_start,
             "rss_mb": rss_mb(),
         }
-        with open(self.steps_log, "a") as f:
-            f.write(json.dumps(line, default=float) + "\n")
-        self.metrics.log(
-            self.state.steps,
-            {k: v for k, v in stats.items() if isinstance(v, int | float)},
-            prefix="rl_batch",
-        )
+
+    def save(self, result_version: int, record: dict[str, Any]) -> None:
+        """Checkpoint u+1 (weights, optimizer, RNG, trained ids, the records of steps 1…N),
+        ``COMPLETE`` last — complete before hot-load; then the older checkpoint is pruned."""
+        final = self.rl_dir / f"ckpt-v{result_version}"
+        with writing(final):  # disk full: one line naming the checkpoint, not a traceback
+            self.learner.save(
+                final, kind="rl", version=result_version, start_policy=self.start_policy
+            )
+        failpoint("rl.ckpt.weights")
+        self.state.version = result_version
+        self.state.wall_s = time.perf_counter() - self.t_start
+        self.state.trainer_busy_s = self.trainer_busy
+        write_json(final / "state.json", self.state.__dict__)
+        keep_in_checkpoint(final, [*self.step_lines, step_line(record)])
+        failpoint("rl.ckpt.state")
+        write_atomic(final / COMPLETE, b"")
+        self.step_lines.append(step_line(record))
+        failpoint("rl.ckpt.complete")  # committed; the step's record is in the checkpoint only
+        self.run_dir.prune_checkpoints(keep=1)
+        failpoint("rl.ckpt.pruned")
+
+    def record(self, record: dict[str, Any]) -> None:
+        """The step's line of ``steps.jsonl`` (as its checkpoint holds it) and its batch
+        statistics in the metrics sink."""
+        with AppendLog(self.steps_log) as log:
+            log.append(self.step_lines[-1])
+        failpoint("rl.recorded")
+        self.metrics.log(self.state.steps, batch_row(record), prefix="rl_batch")
 
     # ------------------------------------------------------------------ the two loops
     def run_sync(self) -> None:
@@ -476,23 +540,32 @@ class RLLoop:
 
     # ------------------------------------------------------------------ the end
     def run(self) -> dict[str, Any]:
-        """The whole stage: the loop ``pipeline.loop.mode`` names, then :meth:`finish`."""
-        with self:
-            if self.loop.mode == "sync":
-                self.run_sync()
-            else:
-                self.run_async()
+        """The whole stage: the loop ``pipeline.loop.mode`` names, then :meth:`finish` (on
+        an error — a full disk, say — :meth:`close`, and the error goes on)."""
+        try:
+            with self:
+                if self.loop.mode == "sync":
+                    self.run_sync()
+                else:
+                    self.run_async()
+        except BaseException:
+            self.close()
+            raise
         return self.finish()
 
-    def finish(self) -> dict[str, Any]:
-        """Close the learner, the engine and the metrics sink; the stage summary."""
+    def close(self) -> None:
+        """Close the progress bar, the learner, the engine and the metrics sink."""
         self.bar.close()
-        eng = self.engine.stats()
-        fleet = fleet_summary(self.engine, eng)  # engine.backend: ray — versions per replica
-        trainer_info = self.learner.info()
         self.learner.close()
         self.engine.close()
         self.metrics.close()
+
+    def finish(self) -> dict[str, Any]:
+        """Close the learner, the engine and the metrics sink; the stage summary."""
+        eng = self.engine.stats()
+        fleet = fleet_summary(self.engine, eng)  # engine.backend: ray — versions per replica
+        trainer_info = self.learner.info()
+        self.close()
         wall = time.perf_counter() - self.t_start
         session = time.perf_counter() - self.t_session
         latest = self.run_dir.latest_checkpoint()
@@ -554,21 +627,3 @@ def _set_threads(n: int) -> None:
     """torch intra-op threads of the calling thread (0: leave the default)."""
     if n:
         torch.set_num_threads(n)
-
-
-def read_steps(run_dir: str | os.PathLike[str]) -> list[dict[str, Any]]:
-    """The per-step records of a run's RL stage (``RUN/rl/steps.jsonl``)."""
-    p = Path(run_dir) / "rl" / "steps.jsonl"
-    if not p.is_file():
-        return []
-    out = []
-    for i, line in enumerate(p.read_text().splitlines(), 1):
-        if not line.strip():
-            continue
-        try:
-            out.append(json.loads(line))
-        except json.JSONDecodeError as e:
-            if i == len(p.read_text().splitlines()):
-                break  # a torn last line after a kill
-            raise ValueError(f"{p}:{i}: unreadable step record ({e})") from e
-    return out

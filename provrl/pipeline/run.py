@@ -26,14 +26,16 @@ from typing import Any
 
 import numpy as np
 
-from provrl._sys import release_memory
-from provrl.config import ConfigError, dump_config, load_config, old_name
+from provrl._sys import release_memory, writing
+from provrl.config import ConfigError
 from provrl.env.build import ensure_world, load_split
 from provrl.env.oracle import run_explorer, run_oracle
 from provrl.env.tasks import Task, read_task_file
+from provrl.failpoints import failpoint
 from provrl.models.loading import load_tokenizer
 from provrl.pipeline import stages
 from provrl.pipeline.engines import engine_factory
+from provrl.pipeline.pin import pin_config
 from provrl.pipeline.rl_loop import run_rl
 from provrl.pipeline.run_report import write_report
 from provrl.pipeline.rundir import RunDir
@@ -78,7 +80,7 @@ def run_pipeline(cfg: RunConfig, run_dir: str | Path, *, progress: bool = True) 
 
     run = RunDir(run_dir)
     run.root.mkdir(parents=True, exist_ok=True)
-    _write_config(run, cfg)
+    pin_config(run, cfg)  # refuses an edited config.yaml or a changed key
     random.seed(cfg.seed)
     np.random.seed(cfg.seed)
     torch.manual_seed(cfg.seed)
@@ -154,9 +156,10 @@ def run_pipeline(cfg: RunConfig, run_dir: str | Path, *, progress: bool = True) 
         if name == "warmstart" and not cfg.pipeline.warmstart:
             continue
         release_memory()
-        results[name] = stages.evaluate_policy(
-            cfg, run, world_dir, name, policies[name], sl["eval"], progress, engines
-        )
+        with writing(run.root / "eval" / name):
+            results[name] = stages.evaluate_policy(
+                cfg, run, world_dir, name, policies[name], sl["eval"], progress, engines
+            )
         say(
             f"eval {name}: accuracy {results[name]['accuracy']:.3f}, tool calls/solved "
             f"{results[name]['mean_tool_calls_solved']:.2f}"
@@ -167,24 +170,29 @@ def run_pipeline(cfg: RunConfig, run_dir: str | Path, *, progress: bool = True) 
 
     # report ------------------------------------------------------------------------------------
 
-    report = write_report(run.root)
-    run.mark_done("report", {"path": str(report)})
+    with writing(run.root / "report"):
+        report = write_report(run.root)
+        run.mark_done("report", {"path": str(report)})
     summary = {"run_dir": str(run.root), "eval": results, "rl": rl, "report": str(report)}
     return summary
 
 
 def _stage(run: RunDir, name: str, fn: Any) -> dict[str, Any]:
     """The stage's summary: read back if it finished before, else computed (timed) and marked
-    done."""
+    done. A write of the stage that fails for want of space or permission is one line naming
+    the file (or at least the stage's directory)."""
     done = run.done(name)
     if done is not None:
         return done
     t0 = time.perf_counter()
-    out: dict[str, Any] = fn()
-    # a stage that resumes across processes (RL) reports its own total; else this call's time
-    out.setdefault("stage_wall_s", time.perf_counter() - t0)
-    release_memory()
-    return run.mark_done(name, out)
+    with writing(run.root / name):
+        out: dict[str, Any] = fn()
+        # a stage that resumes across processes (RL) reports its own total; else this call's
+        out.setdefault("stage_wall_s", time.perf_counter() - t0)
+        release_memory()
+        run.mark_done(name, out)
+    failpoint(f"{name}.done")  # crash tests: the stage's marker written, the next not begun
+    return out
 
 
 def warm_start(
@@ -241,66 +249,6 @@ def teacher_call_stats(traces: list[Trajectory]) -> dict[str, Any]:
     tiers = sorted({int(t.metrics["tier"]) for t in traces})
     by_tier = {str(k): stats([t for t in traces if int(t.metrics["tier"]) == k]) for k in tiers}
     return {**stats(traces), "per_tier": by_tier}
-
-
-def _write_config(run: RunDir, cfg: RunConfig) -> None:
-    """Write the resolved config; on resume, refuse a changed one (naming the first key)."""
-    import yaml
-
-    p = run.root / "config.yaml"
-    text = dump_config(cfg)
-    if p.is_file():
-        new = yaml.safe_load(text)
-        # read back through the config class: a field added since the run started (absent
-        # from its config.yaml) is read at its default, and an old key name (RunConfig.OLD_KEYS,
-        # renamed sections) as the key it now sets, so the two are compared key for key
-        old = yaml.safe_load(dump_config(load_config(type(cfg), p)))
-        diff = _first_diff(_without(old, RESUMABLE), _without(new, RESUMABLE))
-        if diff is not None:
-            was = old_name(type(cfg), diff.split(":", 1)[0])
-            diff += f"; {was} before it was renamed" if was else ""
-            raise ConfigError(
-                f"{p}: the run was started with a different config ({diff}); use a new run "
-                "directory, or the same config to resume"
-            )
-        if old != new:  # only execution knobs changed: keep the new values, and say so
-            with open(run.root / "resume.log", "a") as f:
-                f.write(f"{time.strftime('%Y-%m-%dT%H:%M:%S')} {_first_diff(old, new)}\n")
-    p.write_text(text)
-
-
-RESUMABLE = (
-    "logging",
-    "rl.micro_batch_size",
-    "rl.logprob_chunk_tokens",
-    "sft.micro_batch_tokens",
-    "pipeline.eval.concurrency",
-)
-"""Keys that change how a run executes but not what it computes: a resume may change them."""
-
-
-def _without(tree: dict[str, Any], keys: tuple[str, ...]) -> dict[str, Any]:
-    import copy
-
-    out = copy.deepcopy(tree)
-    for key in keys:
-        *parents, last = key.split(".")
-        node = out
-        for part in parents:
-            node = node.get(part, {})
-        if isinstance(node, dict):
-            node.pop(last, None)
-    return out
-
-
-def _first_diff(a: Any, b: Any, path: str = "") -> str | None:
-    if isinstance(a, dict) and isinstance(b, dict):
-        for k in sorted(set(a) | set(b)):
-            d = _first_diff(a.get(k), b.get(k), f"{path}.{k}" if path else str(k))
-            if d is not None:
-                return d
-        return None
-    return None if a == b else f"{path}: {a!r} → {b!r}"
 
 
 def _say(enabled: bool) -> Any:

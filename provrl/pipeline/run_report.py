@@ -22,8 +22,8 @@ import numpy as np
 
 from provrl.distributed.fleet_report import ray_section
 from provrl.models.loading import load_tokenizer
-from provrl.pipeline.rl_loop import read_steps
 from provrl.pipeline.stages import paired_difference, solved_efficiency
+from provrl.pipeline.steplog import read_steps
 from provrl.trajlog import read_all, read_trajectories
 
 nan = float("nan")

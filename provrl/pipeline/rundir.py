@@ -3,18 +3,24 @@ stage's resumable checkpoints.
 
 ::
 
-    RUN/config.yaml                   the resolved config (refused on resume if it changed)
+    RUN/config.yaml                   the resolved config, with its sha256 (pinned once a stage
+                                      has started: an edit or a changed key is refused)
+    RUN/.config.yaml                  the run's own copy of it (names the keys of an edit)
+    RUN/resume.log                    execution-only knobs a resume changed (RESUMABLE)
     RUN/warmstart/                    oracle traces, SFT metrics, ckpt/ (safetensors)
     RUN/probe/  RUN/filter/           probe log + manifest; pools kept/unsolved/solved
     RUN/selfsft/                      optional SFT on the policy's own shortest successes
     RUN/rl/trajectories.jsonl         every RL trajectory, appended as it finishes
-    RUN/rl/ckpt-v{N}/                 weights (safetensors) + optimizer.pt + state.json, COMPLETE
+    RUN/rl/steps.jsonl                one record per step, 1…N (rebuilt from the checkpoint)
+    RUN/rl/ckpt-v{N}/                 weights (safetensors) + optimizer.pt + state.json +
+                                      steps.jsonl (the records of steps 1…N), COMPLETE last
     RUN/eval/{policy}/                eval.json + trajectories.jsonl per evaluated policy
     RUN/report/                       report.md + PNGs
     RUN/{stage}/done.json             written last: the stage is skipped when it exists
 
 Every JSON file is written to a temporary name and renamed (atomic on POSIX), so a
-``kill -9`` leaves either the old or the new file, never half of one.
+``kill -9`` leaves either the old or the new file, never half of one; every append-only
+file follows :mod:`provrl.appendlog` (a torn tail is moved aside before the next append).
 """
 
 from __future__ import annotations
@@ -43,6 +49,11 @@ class RunDir:
         p = self.root / name
         p.mkdir(parents=True, exist_ok=True)
         return p
+
+    def started(self) -> bool:
+        """Whether any stage has begun writing here (a stage's directory exists): from then
+        on the run's config is pinned (:mod:`provrl.pipeline.pin`)."""
+        return any((self.root / name).is_dir() for name in STAGES)
 
     def done(self, name: str) -> dict[str, Any] | None:
         """The stage's summary if it finished, else None."""

@@ -2,10 +2,11 @@
 Weights & Biases / MLflow runs (optional, ``report_to``, through their own libraries).
 
 ``metrics.jsonl`` has one object per ``log`` call: ``{"step": 3, "time": 12.5, "rl/loss": ...}``;
-it is append-only and flushed per line, so a crashed run keeps every logged step. A writer
-reopening a file whose last line was torn (the process died mid-write) first moves the torn
-bytes to ``metrics.jsonl.torn-<µs>`` (as the trajectory log does), so the next row starts on
-its own line instead of gluing onto the fragment.
+it is append-only and written a whole line at a time, so a crashed run keeps every logged
+step. A writer reopening a file whose last line was torn (the process died mid-write) first
+moves the torn bytes to ``metrics.jsonl.torn-<µs>`` — the rule of every append-only file of a
+run, :mod:`provrl.appendlog` — so the next row starts on its own line instead of gluing onto
+the fragment.
 
 Trackers (``report_to``, the TRL name; ``logging.report_to`` in a run's config):
 
@@ -24,6 +25,7 @@ from __future__ import annotations
 import math
 import os
 import time
+import warnings
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -31,7 +33,7 @@ from typing import Any
 import numpy as np
 import orjson
 
-from provrl.trajlog import repair_torn_tail
+from provrl.appendlog import AppendLog, TornRecordWarning, read_lines
 
 TRACKERS = ("tensorboard", "wandb", "mlflow")
 
@@ -130,7 +132,6 @@ class MetricsWriter:
         self.run_dir = Path(run_dir)
         self.run_dir.mkdir(parents=True, exist_ok=True)
         self.path = self.run_dir / "metrics.jsonl"
-        repair_torn_tail(self.path)
         unknown = [k for k in report_to if k not in TRACKERS]
         if unknown:
             raise ValueError(f"logging.report_to: unknown tracker {unknown[0]!r} ({TRACKERS})")
@@ -139,7 +140,7 @@ class MetricsWriter:
             for k in dict.fromkeys(report_to)
             if k != "tensorboard"
         ]
-        self._f = open(self.path, "ab")  # noqa: SIM115 - closed in close()
+        self._log = AppendLog(self.path)  # a torn tail moved aside first
         self._t0 = time.time()
         self._tb: Any = None
         if tensorboard or "tensorboard" in report_to:
@@ -173,8 +174,7 @@ class MetricsWriter:
             row[name] = v
             if self._tb is not None and isinstance(v, float):
                 self._tb.add_scalar(name, v, step)
-        self._f.write(orjson.dumps(row, option=orjson.OPT_SERIALIZE_NUMPY) + b"\n")
-        self._f.flush()
+        self._log.append(orjson.dumps(row, option=orjson.OPT_SERIALIZE_NUMPY) + b"\n")
         if self._trackers:
             scalars = {k: v for k, v in row.items() if k not in ("step", "time")}
             scalars = {k: v for k, v in scalars.items() if isinstance(v, float)}
@@ -189,8 +189,7 @@ class MetricsWriter:
         trackers, self._trackers = self._trackers, []
         for tracker in trackers:
             tracker.close()
-        if not self._f.closed:
-            self._f.close()
+        self._log.close()
         if self._tb is not None:
             self._tb.close()
             self._tb = None
@@ -206,14 +205,13 @@ def read_metrics(path: str | os.PathLike[str]) -> list[dict[str, Any]]:
     """All rows of a ``metrics.jsonl`` (a torn last line is ignored). A bad line in the
     middle raises ``ValueError`` naming the file and line."""
     rows = []
-    with open(path, "rb") as f:
-        for lineno, line in enumerate(f, 1):
-            if not line.endswith(b"\n"):
-                break
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", TornRecordWarning)
+        for lineno, line in read_lines(path):
             try:
                 row = orjson.loads(line)
             except orjson.JSONDecodeError as e:
-                raise ValueError(f"{path}:{lineno}: not a JSON metrics row ({e})") from None
+                raise ValueError(f"{path}:{lineno}: not a JSON metrics row ({e.msg})") from None
             if not isinstance(row, dict):
                 raise ValueError(f"{path}:{lineno}: a metrics row must be a JSON object")
             rows.append(row)

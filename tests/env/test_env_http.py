@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import socket
 import threading
 import time
@@ -169,6 +170,78 @@ def test_hostile_retrieve_bodies_fail_fast_with_one_line(bounded):
     assert r.status_code == 200 and len(r.json()["result"][0]) == 150
     r, _ = _post(bounded, {"queries": ["Employees of the"], "topk": 3})
     assert r.status_code == 200 and len(r.json()["result"][0]) == 3
+
+
+NON_FINITE = {  # issue 28: each answered 500 (plain text) with ~40 traceback lines logged
+    b'{"queries": ["born"], "topk": NaN}': "topk: NaN is not a finite JSON number",
+    b'{"queries": ["born"], "topk": Infinity}': "topk: Infinity",
+    b'{"queries": ["born"], "topk": 1e400}': "topk: 1e400 is not a finite JSON number",
+    b'{"queries": ["born", -Infinity]}': "queries[1]: -Infinity",
+    b'{"queries": ["born"], "return_scores": {"x": [NaN]}}': "return_scores.x[0]: NaN",
+    b"NaN": "body: NaN",
+}
+REJECTED = {  # more bodies that are refused after being read whole
+    **NON_FINITE,
+    b'{"queries": ["born"], "topk": 1' + b"0" * 5000 + b"}": "body: an integer with more",
+    b"[" * 60_000: "body: JSON nested too deeply",
+    b"{not json": "body: invalid JSON at character 1",
+    b'{"queries": "born"}': "queries: Input should be a valid list",
+    b'{"queries": ["born"], "topk": 3.5}': "topk: Input should be a valid integer",
+    b'{"queries": ["a","b","c","d","e","f","g","h","i"]}': "queries: 9 queries",
+}
+
+
+def test_non_finite_numbers_are_422_naming_the_field_never_500(bounded):
+    for body, detail in REJECTED.items():
+        r, _ = _post(bounded, None, content=body, headers={"content-type": "application/json"})
+        assert r.status_code == 422, (body[:40], r.status_code, r.text[:200])
+        assert r.json()["detail"].startswith(detail), (body[:40], r.json())
+
+
+def test_keep_alive_connection_survives_rejected_requests(bounded):
+    """After each rejected request the same connection serves a valid one (issue 28: 9 of 432
+    valid requests were reset on a keep-alive connection reused after a hostile request)."""
+    import http.client
+    from urllib.parse import urlparse
+
+    u = urlparse(bounded)
+    conn = http.client.HTTPConnection(u.hostname, u.port, timeout=30)
+    good = json.dumps({"queries": ["born"], "topk": 2}).encode()
+    conn.request("POST", "/retrieve", good, {"content-type": "application/json"})
+    assert conn.getresponse().read() and conn.sock is not None
+    sock = conn.sock
+    too_big = b'{"queries": ["' + b"a" * (LIMITS.max_body_bytes + 10) + b'"]}'
+    for body in [*REJECTED, too_big]:
+        for payload, status in ((body, 413 if body is too_big else 422), (good, 200)):
+            conn.request("POST", "/retrieve", payload, {"content-type": "application/json"})
+            r = conn.getresponse()
+            r.read()
+            assert r.status == status, (body[:40], r.status)
+            assert conn.sock is sock, f"the connection was closed after {body[:40]!r}"
+    conn.close()
+
+
+def test_a_body_that_never_finishes_gets_408_and_holds_nothing(small_search):
+    for url in _serve(make_app(small_search, 3, RetrieveLimits(body_timeout_s=0.5))):
+        port = int(url.rsplit(":", 1)[1])
+        stalled = []
+        for _ in range(4):  # more stalled bodies than the server has event loops
+            s = socket.create_connection(("127.0.0.1", port), timeout=10)
+            s.sendall(
+                b"POST /retrieve HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                b'Content-Length: 1000\r\n\r\n{"queries": ['
+            )
+            stalled.append(s)
+        r, dt = _post(url, {"queries": ["born"], "topk": 1})  # served meanwhile
+        assert r.status_code == 200 and dt < 5
+        for s in stalled:
+            answer = b""
+            while chunk := s.recv(4096):  # until the server closes the connection
+                answer += chunk
+            s.close()
+            assert answer.startswith(b"HTTP/1.1 408"), answer[:100]
+            assert b"connection: close" in answer.lower()
+            assert b"not received within 0.5 s" in answer
 
 
 def test_request_time_budget_stops_a_slow_request(small_search):

@@ -117,6 +117,15 @@ def test_roundtrip_and_malformed_files(tmp_path, all_tasks):
 
     d = json.loads(lines[2])
     broken(3, "{not json", r"bad\.jsonl:3: invalid JSON")
+    # one line number, the file's (orjson alone said ":3" and "line 2 column 1": issue 28)
+    broken(
+        3,
+        '{"task_id": ',
+        r"bad\.jsonl:3: invalid JSON \(unexpected end of data at column 13 \(end of line\)\)$",
+    )
+    broken(
+        3, '{"task_id": x}', r"bad\.jsonl:3: invalid JSON \(unexpected character.* at column 13\)$"
+    )
     broken(
         3,
         json.dumps({k: v for k, v in d.items() if k != "answer"}),

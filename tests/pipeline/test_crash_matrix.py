@@ -1,0 +1,74 @@
+"""Kill and resume at every window between two durable writes of the RL stage, and at a torn
+tail of each of its logs, each checked by the independent checker (``runcheck.py``).
+
+The windows are the failpoints of ``provrl/pipeline/rl_loop.py`` (its module docstring draws
+them) and of the collector. Nothing here depends on timing: every kill is a failpoint
+(``PROVRL_FAILPOINT``, SIGKILL at an exact place) and every wait is for a process to exit,
+so the matrix passes on a loaded machine.
+
+* ``test_kill_at_every_window_in_one_chain`` (CI): one run, killed at each window in turn —
+  every resume is the next window's run — with a torn tail cut into each log on the way,
+  checked after every kill and at the end;
+* ``test_kill_at_one_window_then_resume`` (slow): each window on its own, from a fresh copy
+  of the same base run.
+"""
+
+from __future__ import annotations
+
+import pytest
+from crashrun import RUN, STEPS, copy_of, finish, killed, tear
+from runcheck import check_run
+
+WINDOWS = [
+    "rl.trained",  # the update exists only in memory
+    "rl.ckpt.weights",  # weights and optimizer saved, no state.json
+    "rl.ckpt.state",  # state.json and the step records in the checkpoint, no COMPLETE
+    "rl.ckpt.complete",  # committed; the step's record only in the checkpoint
+    "rl.ckpt.pruned",  # the older checkpoint pruned; record not yet in steps.jsonl
+    "rl.recorded",  # steps.jsonl has it; the metrics row not yet
+    "rl.saved",  # recorded everywhere; not yet hot-loaded
+    "engine.hotload",  # inside the engine's hot-load
+    "rl.hotloaded",  # hot-loaded
+    "collector.written",  # a trajectory appended mid-rollout
+]
+
+
+def test_kill_at_every_window_in_one_chain(crash_base, tmp_path):
+    d = copy_of(crash_base, tmp_path)
+    rl = d / RUN / "rl"
+    tears = {
+        "rl.ckpt.complete": rl / "trajectories.jsonl",  # torn before the next resume
+        "rl.recorded": rl / "metrics.jsonl",
+        "rl.saved": rl / "steps.jsonl",  # issue 28's case: a torn step record
+    }
+    seen = []
+    for window in WINDOWS:
+        killed(d, f"{window}:1")
+        seen.append(check_run(d / RUN, finished=False)["n"])
+        if window in tears:
+            tear(tears[window])
+            check_run(d / RUN, finished=False)
+    assert seen[-1] >= 5, f"the chain committed too few steps: {seen}"
+    assert list(rl.glob("trajectories.jsonl.torn-*")) and list(rl.glob("steps.jsonl.torn-*"))
+    out = finish(d)
+    assert out["steps"] == list(range(1, STEPS + 1))
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("window", [*WINDOWS, "collector.written:20"])
+def test_kill_at_one_window_then_resume(crash_base, tmp_path, window):
+    d = copy_of(crash_base, tmp_path)
+    killed(d, window if ":" in window else f"{window}:2")  # in the second step
+    check_run(d / RUN, finished=False)
+    finish(d)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("log", ["trajectories.jsonl", "steps.jsonl", "metrics.jsonl"])
+def test_torn_tail_of_each_log_then_resume(crash_base, tmp_path, log):
+    d = copy_of(crash_base, tmp_path)
+    killed(d, "rl.saved:2")
+    tear(d / RUN / "rl" / log)
+    check_run(d / RUN, finished=False)
+    finish(d)
+    assert list((d / RUN / "rl").glob(f"{log}.torn-*"))
