@@ -313,6 +313,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     ap.add_argument("--episodes", type=int, default=0, help="tasks of the episode kill phase (×4 samples; 0 skips it)")  # fmt: skip
     ap.add_argument("--no-ceiling", action="store_true", help="skip the plain-process arm")
     ap.add_argument("--json", action="store_true")
+    ap.add_argument("--out", default=None, help="also write a results file here")
     args = ap.parse_args(argv)
     import importlib.util
 
@@ -431,6 +432,12 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         "episode_kill": episodes,
         "torch_threads_driver": torch.get_num_threads(),
     }
+    if args.out is not None:
+        from provrl.bench.results import run_record, write_result
+
+        config = {k: v for k, v in vars(args).items() if k not in ("json", "out")}
+        seeds = {"requests": "1000 * repeat + i", "kill": 7, "hot-load versions": "version"}
+        write_result(args.out, run_record("replicas", result, config=config, seeds=seeds))
     print(json.dumps(result, indent=2, default=float))
     return result
 

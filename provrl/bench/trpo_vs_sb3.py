@@ -38,6 +38,7 @@ import platform
 import statistics
 import sys
 import time
+from pathlib import Path
 from typing import Any, cast
 
 import numpy as np
@@ -269,6 +270,7 @@ def main(argv: list[str] | None = None) -> None:
     )
     ap.add_argument("--quick", action="store_true", help="smoke run: 10k steps, one seed")
     ap.add_argument("--json", action="store_true", help="print JSON only (progress on stderr)")
+    ap.add_argument("--out", type=Path, default=None, help="also write a results file here")
     args = ap.parse_args(argv)
     if args.quick:
         args.steps, args.seeds, args.eval_episodes = 10_000, 1, 3
@@ -278,6 +280,12 @@ def main(argv: list[str] | None = None) -> None:
         )
     except (ConfigError, ValueError) as e:
         ap.exit(2, f"trpo_vs_sb3: {e}\n")
+    if args.out is not None:
+        from provrl.bench.results import run_record, write_result
+
+        config = {k: v for k, v in vars(args).items() if k not in ("json", "out")}
+        seeds = result["setup"]["seeds"]
+        write_result(args.out, run_record("trpo_vs_sb3", result, config=config, seeds=seeds))
     print(json.dumps(result, indent=None if args.json else 2))
 
 
