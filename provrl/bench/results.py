@@ -267,14 +267,18 @@ def unlinked_figures(doc: Path, text: str, *, whole: bool = False) -> list[str]:
 
 
 def _record_sections(text: str) -> set[int]:
-    """Lines of sections (to the next heading of the same or a higher level) that hold the
-    :data:`RECORD_MARK` line — the mark covers its whole section, before and after it."""
+    """Lines of the sections that hold a :data:`RECORD_MARK` line: the mark covers the
+    section of the nearest heading above it (to the next heading of the same or a higher
+    level, its subsections included), before and after the mark."""
     lines = text.splitlines()
-    out: set[int] = set()
     starts = [(i, len(m.group(1))) for i, line in enumerate(lines, 1)
               if (m := re.match(r"(#+)\s", line))]  # fmt: skip
-    for j, (start, level) in enumerate(starts):
-        end = next((s for s, lv in starts[j + 1 :] if lv <= level), len(lines) + 1)
-        if any(RECORD_MARK in lines[k - 1] for k in range(start, end)):
-            out.update(range(start, end))
+    out: set[int] = set()
+    for n, line in enumerate(lines, 1):
+        if RECORD_MARK not in line.lower():
+            continue
+        above = [(i, lv) for i, lv in starts if i < n]
+        start, level = above[-1] if above else (1, 0)
+        end = next((i for i, lv in starts if i > start and lv <= level), len(lines) + 1)
+        out.update(range(start, end))
     return out
