@@ -59,15 +59,23 @@ UNIT = re.compile(r"(?:%|×|x|s|ms|min|h|µs|tok/s|tokens/s|MB|MiB|GB|GiB|GFLOP/
 
 
 # ----------------------------------------------------------------------------- writing
+CODE_PATHS = ("provrl", "benchmarks", "configs", "pyproject.toml")
+"""What a measurement depends on: ``dirty`` means one of these differs from the commit
+(edited docs do not make a measurement dirty)."""
+
+
 def git_state(cwd: str | os.PathLike[str] | None = None) -> tuple[str, bool]:
-    """(HEAD's commit, whether tracked files differ from it); ("unknown", False) outside
-    a git checkout."""
+    """(HEAD's commit, whether tracked files under :data:`CODE_PATHS` differ from it);
+    ("unknown", False) outside a git checkout."""
     where = Path(cwd) if cwd else Path(__file__).parent
     try:
         head = subprocess.run(["git", "rev-parse", "HEAD"], cwd=where, capture_output=True,
                               text=True, check=True).stdout.strip()  # fmt: skip
-        status = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"],
-                                cwd=where, capture_output=True, text=True, check=True).stdout  # fmt: skip
+        top = subprocess.run(["git", "rev-parse", "--show-toplevel"], cwd=where,
+                             capture_output=True, text=True, check=True).stdout.strip()  # fmt: skip
+        status = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no", "--",
+                                 *CODE_PATHS], cwd=top, capture_output=True, text=True,
+                                check=True).stdout  # fmt: skip
     except (OSError, subprocess.CalledProcessError):
         return "unknown", False
     return head, bool(status.strip())
