@@ -55,6 +55,8 @@ FIGURE = re.compile(
     r"(?:\s?(?:%|×|x\b|s\b|ms\b|min\b|h\b|µs|tok/s|tokens/s|MB\b|MiB|GB\b|GiB|GFLOP/s|"
     r"points?\b|req/s|QPS|nats\b|minutes?\b|hours?\b|seconds?\b))?"
 )
+LEVEL = re.compile(r"\d+ ?% (?=BCa|CI\b|confidence|bootstrap|interval)")
+"""A confidence level (95 % BCa, 90 % CI) is a setting, not a figure."""
 UNIT = re.compile(r"(?:%|×|x|s|ms|min|h|µs|tok/s|tokens/s|MB|MiB|GB|GiB|GFLOP/s|points?|req/s|QPS|nats|minutes?|hours?|seconds?)$")  # fmt: skip
 
 
@@ -262,6 +264,7 @@ def unlinked_figures(doc: Path, text: str, *, whole: bool = False) -> list[str]:
         plain = re.sub(r"`[^`]*`", " ", line)
         plain = LINK.sub(" ", plain)
         plain = re.sub(r"\]\([^)]*\)", "]", plain)  # other links: their text stays
+        plain = LEVEL.sub(" ", plain)
         for m in FIGURE.finditer(plain):
             fig = m.group().strip()
             if not fig or fig.count(".") > 1:
