@@ -40,6 +40,10 @@ def test_wandb_offline_run_is_written_and_finished(tmp_path, monkeypatch):
     import wandb
 
     assert wandb.run is None  # finished by close()
+    # finish() hands the records to wandb's service process, which writes them when it gets
+    # to them; teardown() joins that process — wandb's own signal that every record is on
+    # disk. Reading before it raced the writer on a busy machine (the file held its header).
+    wandb.teardown()
     (offline,) = (run / "wandb").glob("offline-run-*")
     (records,) = offline.glob("run-*.wandb")  # what `wandb sync` uploads later
     data = records.read_bytes()

@@ -166,6 +166,7 @@ def run_log_benchmark(
 
     total_tokens = n_trajectories * n_tokens
     results: dict[str, dict[str, float]] = {}
+    raw: dict[str, dict[str, list[float]]] = {}  # seconds of every repeat
     with tempfile.TemporaryDirectory(prefix="provrl-logbench-") as tmp:
         for name in names:
             write, read = FORMATS[name]
@@ -187,6 +188,7 @@ def run_log_benchmark(
                 "read_tokens_per_s": total_tokens / statistics.median(r_times),
                 "bytes_per_token": size / total_tokens,
             }
+            raw[name] = {"write_s_all": w_times, "read_s_all": r_times}
     base = results.get("jsonl-lists")
     if base:
         for r in results.values():
@@ -201,5 +203,5 @@ def run_log_benchmark(
         "write_tokens_per_s": chosen["write_tokens_per_s"] if chosen else None,
         "read_tokens_per_s": chosen["read_tokens_per_s"] if chosen else None,
         "bytes_per_token": chosen["bytes_per_token"] if chosen else None,
-        "formats": {k: {m: round(v, 3) for m, v in r.items()} for k, r in results.items()},
+        "formats": {k: {m: round(v, 3) for m, v in r.items()} | raw[k] for k, r in results.items()},
     }

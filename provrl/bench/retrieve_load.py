@@ -353,6 +353,7 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--json", action="store_true", help="print JSON only")
     ap.add_argument("--soak", type=int, default=0, help="soak rounds (0: the phases instead)")
     ap.add_argument("--round-s", type=float, default=30.0, help="seconds per soak round")
+    ap.add_argument("--out", type=Path, default=None, help="also write a results file here")
     args = ap.parse_args(argv)
     world = ensure_world(WorldConfig(), args.world)
     if args.soak:
@@ -360,6 +361,12 @@ def main(argv: list[str] | None = None) -> None:
         print(json.dumps(res, indent=None if args.json else 2))
         return
     result = run(world, args.concurrency, args.requests, args.repeats, args.hostile, not args.json)
+    if args.out is not None:  # with every pass: the raw values
+        from provrl.bench.results import run_record, write_result
+
+        config = {k: v for k, v in vars(args).items() if k not in ("json", "out")}
+        write_result(args.out, run_record("retrieve_load", result, config=config,
+                                          seeds={"warm-up": 99, "pass": "repeat index"}))  # fmt: skip
     if args.json:
         result.pop("passes")
     print(json.dumps(result, indent=None if args.json else 2))

@@ -233,8 +233,11 @@ def main(argv: list[str] | None = None) -> None:
                 file=sys.stderr,
                 flush=True,
             )
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps({"runs": runs, "summary": summary(runs)}))
+    from provrl.bench.results import run_record, write_result
+
+    config = {k: str(v) if isinstance(v, Path) else v for k, v in vars(args).items()}
+    record = {"runs": runs, "summary": summary(runs)}
+    write_result(args.out, run_record("trpo_pendulum_seeds", record, config=config, seeds=seeds))
     plot(runs, args.plot)
     print(
         json.dumps(

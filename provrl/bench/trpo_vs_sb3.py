@@ -6,8 +6,10 @@ first alternates), so machine load hits both alike. sb3-contrib uses the tuned
 hyperparameters of rl-baselines3-zoo (hyperparams/trpo.yml), written out in SB3_ZOO below;
 provrl uses its presets (provrl.classic.config.ENV_PRESETS).
 
-Seeds: ``--seeds`` (10) training seeds from ``--first-seed`` (41). Every preset declares the
-seeds it was tuned on (``Preset.tuning_seeds``); the benchmark refuses to run on them.
+Seeds: ``--seeds`` (10) training seeds from ``--first-seed`` (101). Every preset declares the
+seeds it was tuned on (``Preset.tuning_seeds``); the benchmark refuses to run on them. Seeds
+of an earlier reported run (``provrl.classic.config.SEEN_SEEDS``, 41-50) may be rerun, but
+only *fresh* seeds — never tuned on, never looked at — can meet the target.
 
 Returns: for each agent, the deterministic-policy mean over ``--eval-episodes`` (100) fresh
 episodes, environment i of training seed s reset with seed 10 000 + 100 s + i — the same
@@ -18,9 +20,14 @@ paired per-seed difference provrl − sb3. Wall time is the training call (envir
 model construction included, evaluation excluded), median over the seeds; time_ratio =
 provrl / sb3. An untimed 2k-step warm-up of both sides precedes each environment.
 
-Target, per environment: at least 10 seeds, provrl's interval not below sb3's mean
-(provrl_ci[0] ≥ sb3_return) and time_ratio ≤ 0.5; ``target_met`` requires it for every
-environment. ``--quick`` is a smoke run (10k steps, one seed, 3 episodes: no claim).
+Verdict, per environment (:func:`verdict`): **ahead** when the paired difference's interval
+lies above 0 (diff_ci[0] > 0), **behind** when it lies below 0, else **at par** — one side's
+interval against the other's mean is not a comparison. Where an environment caps the return
+(CartPole: 500) the JSON counts the seeds at the cap: a side at the cap on every seed has a
+degenerate interval, and "ahead" then says only that the other side fell short of the cap.
+Target, per environment: at least 10 fresh seeds, verdict ahead and time_ratio ≤ 0.5;
+``target_met`` requires it for every environment. ``--quick`` is a smoke run (10k steps, one
+seed, 3 episodes: no claim).
 """
 
 from __future__ import annotations
@@ -31,12 +38,13 @@ import platform
 import statistics
 import sys
 import time
+from pathlib import Path
 from typing import Any, cast
 
 import numpy as np
 import torch
 
-from provrl.classic.config import ENV_PRESETS, check_held_out, config_for
+from provrl.classic.config import ENV_PRESETS, check_held_out, config_for, fresh_seeds
 from provrl.classic.evaluate import mean_ci, run_episodes
 from provrl.classic.train import train
 from provrl.config import ConfigError
@@ -44,6 +52,8 @@ from provrl.config import ConfigError
 ENVS = ["CartPole-v1", "Acrobot-v1", "Pendulum-v1"]
 MIN_SEEDS = 10  # fewer seeds: the JSON is reported, but target_met is False (no claim)
 EVAL_SEED_STRIDE = 100  # evaluation seeds of training seed s: 10 000 + 100 s + i, i < 100
+RETURN_CAP = {"CartPole-v1": 500.0}
+"""Environments whose return has a ceiling (CartPole: 500 steps of reward 1)."""
 
 # rl-baselines3-zoo hyperparams/trpo.yml (DLR-RM/rl-baselines3-zoo), "# Tuned" entries.
 # n_timesteps is 1e5 for all three; `normalize: true` means VecNormalize (obs + reward).
@@ -119,14 +129,28 @@ def eval_seed(seed: int) -> int:
     return 10_000 + EVAL_SEED_STRIDE * seed
 
 
+def verdict(diff_ci: list[float] | None) -> str:
+    """ "ahead" if the paired difference's interval lies above 0, "behind" if below, else
+    "at par" (also without an interval: one seed proves nothing)."""
+    if diff_ci is None:
+        return "at par"
+    if diff_ci[0] > 0:
+        return "ahead"
+    return "behind" if diff_ci[1] < 0 else "at par"
+
+
 def compare(
     p_returns: list[float],
     s_returns: list[float],
     p_walls: list[float],
     s_walls: list[float],
+    *,
+    fresh: bool = True,
+    cap: float | None = None,
 ) -> dict[str, Any]:
     """The per-environment JSON: per-seed values, means with 95 % bootstrap intervals,
-    the paired difference, median walls, time_ratio and target_met."""
+    the paired difference and its verdict, median walls, time_ratio and target_met
+    (``fresh``: the seeds were never looked at; ``cap``: the environment's return ceiling)."""
     n = len(p_returns)
     pw, sw = statistics.median(p_walls), statistics.median(s_walls)
     diff = [p - s for p, s in zip(p_returns, s_returns, strict=True)]
@@ -139,6 +163,12 @@ def compare(
 
     (pm, p_ci), (sm, s_ci), (dm, d_ci) = stats(p_returns), stats(s_returns), stats(diff)
     r = lambda x: round(x, 2)  # noqa: E731
+    v = verdict(d_ci)
+    at_cap = {} if cap is None else {
+        "return_cap": cap,
+        "provrl_seeds_at_cap": sum(x >= cap for x in p_returns),
+        "sb3_seeds_at_cap": sum(x >= cap for x in s_returns),
+    }  # fmt: skip
     return {
         "provrl_return": pm,
         "provrl_ci": p_ci,
@@ -153,9 +183,10 @@ def compare(
         "sb3_returns": [r(x) for x in s_returns],
         "provrl_walls_s": [r(x) for x in p_walls],
         "sb3_walls_s": [r(x) for x in s_walls],
-        "target_met": bool(
-            n >= MIN_SEEDS and p_ci is not None and p_ci[0] >= sm and pw / sw <= 0.5
-        ),
+        "verdict": v,
+        **at_cap,
+        "fresh_seeds": fresh,
+        "target_met": bool(n >= MIN_SEEDS and fresh and v == "ahead" and pw / sw <= 0.5),
     }
 
 
@@ -165,7 +196,7 @@ def run_benchmark(
     seeds: int = 10,
     eval_episodes: int = 100,
     verbose: bool = True,
-    first_seed: int = 41,
+    first_seed: int = 101,
 ) -> dict[str, Any]:
     """Train both sides on every environment and seed, interleaved; return the JSON dict."""
     seed_list = list(range(first_seed, first_seed + seeds))
@@ -197,7 +228,10 @@ def run_benchmark(
                         file=sys.stderr,
                         flush=True,
                     )
-        out["envs"][env_id] = compare(rows["pr"], rows["sr"], rows["pw"], rows["sw"])
+        out["envs"][env_id] = compare(
+            rows["pr"], rows["sr"], rows["pw"], rows["sw"],
+            fresh=fresh_seeds(env_id, seed_list), cap=RETURN_CAP.get(env_id),
+        )  # fmt: skip
     out["target_met"] = all(e["target_met"] for e in out["envs"].values())
     out["setup"] = {
         "steps": steps,
@@ -217,7 +251,8 @@ def run_benchmark(
         "return": "per seed: deterministic-policy mean over eval_episodes episodes (same "
         "initial states for both sides); *_return: mean over seeds; *_ci: 95 % BCa bootstrap "
         "interval over seeds; diff = provrl - sb3, paired by seed",
-        "target": f"per env: >= {MIN_SEEDS} seeds, provrl_ci[0] >= sb3_return, time_ratio <= 0.5",
+        "verdict": "ahead: diff_ci above 0; behind: below 0; else at par",
+        "target": f"per env: >= {MIN_SEEDS} fresh seeds, verdict ahead, time_ratio <= 0.5",
     }
     return out
 
@@ -227,12 +262,15 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--envs", nargs="+", default=ENVS, help="gymnasium env ids")
     ap.add_argument("--steps", type=int, default=100_000, help="environment steps per run")
     ap.add_argument("--seeds", type=int, default=10, help="number of seeds per environment")
-    ap.add_argument("--first-seed", type=int, default=41, help="seeds first … first+n−1 (held out)")
+    ap.add_argument(
+        "--first-seed", type=int, default=101, help="seeds first … first+n−1 (held out, fresh)"
+    )
     ap.add_argument(
         "--eval-episodes", type=int, default=100, help="evaluation episodes per agent (≤ 100)"
     )
     ap.add_argument("--quick", action="store_true", help="smoke run: 10k steps, one seed")
     ap.add_argument("--json", action="store_true", help="print JSON only (progress on stderr)")
+    ap.add_argument("--out", type=Path, default=None, help="also write a results file here")
     args = ap.parse_args(argv)
     if args.quick:
         args.steps, args.seeds, args.eval_episodes = 10_000, 1, 3
@@ -242,6 +280,12 @@ def main(argv: list[str] | None = None) -> None:
         )
     except (ConfigError, ValueError) as e:
         ap.exit(2, f"trpo_vs_sb3: {e}\n")
+    if args.out is not None:
+        from provrl.bench.results import run_record, write_result
+
+        config = {k: v for k, v in vars(args).items() if k not in ("json", "out")}
+        seeds = result["setup"]["seeds"]
+        write_result(args.out, run_record("trpo_vs_sb3", result, config=config, seeds=seeds))
     print(json.dumps(result, indent=None if args.json else 2))
 
 

@@ -1,8 +1,10 @@
 """``provrl bench engine | search | log | logprobs | trainer``: each prints one JSON object.
 
 Every command takes ``--config FILE`` / ``--set bench.NAME.key=value``; its flags are
-generated from :mod:`provrl.run_config.bench` (:mod:`provrl.cli.options`). The scripts in
-``benchmarks/`` run these same commands.
+generated from :mod:`provrl.run_config.bench` (:mod:`provrl.cli.options`). ``--out FILE``
+also writes the result with its commit, config, machine, date and seeds
+(:func:`provrl.bench.results.run_record`) — how a figure quoted in the docs gets its file in
+``results/``. The scripts in ``benchmarks/`` run these same commands.
 """
 
 from __future__ import annotations
@@ -26,6 +28,11 @@ from provrl.run_config.run import RunConfig
 
 app = typer.Typer(help="Benchmarks (each prints JSON with --json).", no_args_is_help=True)
 JsonOpt = Annotated[bool, typer.Option("--json", help="Print JSON only (one line).")]
+OutOpt = Annotated[
+    Path | None,
+    typer.Option(help="Also write the JSON, with commit, config, machine and date, here "
+                 "(results/NAME.json for a figure the docs quote)."),
+]  # fmt: skip
 
 
 def _flags(section: str, cls: Any, **renamed: str) -> dict[str, str]:
@@ -38,7 +45,22 @@ def _flags(section: str, cls: Any, **renamed: str) -> dict[str, str]:
     return {flag: f"bench.{section}.{name}" for flag, name in fields.items()}
 
 
-def _emit(result: dict[str, Any], as_json: bool) -> None:
+def _emit(
+    result: dict[str, Any],
+    as_json: bool,
+    out: Path | None = None,
+    *,
+    name: str = "",
+    config: Any = None,
+    seeds: list[int] | dict[str, Any] | None = None,
+) -> None:
+    """Print ``result``; with ``out`` also write it as a results file (``config``: the
+    command's settings, ``seeds``: the seeds it used)."""
+    if out is not None:
+        from provrl.bench.results import run_record, write_result
+
+        cfg = config.model_dump(mode="json") if hasattr(config, "model_dump") else config
+        write_result(out, run_record(name, result, config=cfg or {}, seeds=seeds or []))
     typer.echo(json.dumps(result, indent=None if as_json else 2))
 
 
@@ -49,6 +71,7 @@ def bench_engine(
     run_dir: Annotated[
         Path | None, typer.Option(help="Also log the figures with MetricsWriter here.")
     ] = None,
+    out: OutOpt = None,
     as_json: JsonOpt = False,
 ) -> None:
     """Throughput vs HF generate (ratio, roofline), exactness, hot-load pause, KV staleness;
@@ -66,12 +89,19 @@ def bench_engine(
         w = MetricsWriter(run_dir, tensorboard=False)
         w.log(0, {k: v for k, v in result.items() if isinstance(v, int | float)}, "bench/engine")
         w.close()
-    _emit(result, as_json)
+    _emit(
+        result,
+        as_json,
+        out,
+        name="engine",
+        config=cfg.bench.engine,
+        seeds={"requests": "1000 * repeat + i", "hot-load perturbation": 1},
+    )
 
 
 @app.command("search")
 @config_options(_flags("search", SearchBenchConfig))
-def bench_search(cfg: RunConfig, as_json: JsonOpt = False) -> None:
+def bench_search(cfg: RunConfig, out: OutOpt = None, as_json: JsonOpt = False) -> None:
     """SQLite FTS5 BM25 vs bm25s / rank_bm25: build time, latency p50/p99, QPS, recall@10."""
     from provrl.bench.search import run_search_benchmark
 
@@ -86,22 +116,23 @@ def bench_search(cfg: RunConfig, as_json: JsonOpt = False) -> None:
         rank_bm25_queries=c.rank_bm25_queries,
         progress=not as_json,
     )
-    _emit(result, as_json)
+    _emit(result, as_json, out, name="search", config=c, seeds=[c.seed])
 
 
 @app.command("log")
 @config_options(_flags("log", LogBenchConfig))
-def bench_log(cfg: RunConfig, as_json: JsonOpt = False) -> None:
+def bench_log(cfg: RunConfig, out: OutOpt = None, as_json: JsonOpt = False) -> None:
     """Trajectory-log write/read throughput and bytes per token, vs JSONL lists and Arrow."""
     from provrl.bench.log import run_log_benchmark
 
     c = cfg.bench.log
-    _emit(run_log_benchmark(c.trajectories, c.tokens, repeats=c.repeats), as_json)
+    result = run_log_benchmark(c.trajectories, c.tokens, repeats=c.repeats)
+    _emit(result, as_json, out, name="log", config=c, seeds={"trajectories": 0})
 
 
 @app.command("logprobs")
 @config_options(_flags("logprobs", LogprobBenchConfig))
-def bench_logprobs(cfg: RunConfig, as_json: JsonOpt = False) -> None:
+def bench_logprobs(cfg: RunConfig, out: OutOpt = None, as_json: JsonOpt = False) -> None:
     """Chunked vs full teacher-forced logprobs: time and peak memory of forward + backward."""
     from provrl.bench.logprobs import run_logprob_benchmark
 
@@ -109,7 +140,7 @@ def bench_logprobs(cfg: RunConfig, as_json: JsonOpt = False) -> None:
     result = run_logprob_benchmark(
         c.model, c.batch, c.seq_len, c.action_frac, c.chunk_tokens, c.repeats
     )
-    _emit(result, as_json)
+    _emit(result, as_json, out, name="logprobs", config=c, seeds={"inputs": 0})
 
 
 @app.command("trainer")
@@ -118,7 +149,7 @@ def bench_logprobs(cfg: RunConfig, as_json: JsonOpt = False) -> None:
 )  # rl: --set bench.trainer.rl='{...}'
 def bench_trainer(
     cfg: RunConfig,
-    out: Annotated[Path | None, typer.Option(help="Also write the JSON to this file.")] = None,
+    out: OutOpt = None,
     as_json: JsonOpt = False,
 ) -> None:
     """One RL step standalone vs a TRL-style step: tokens/s, peak RSS and its breakdown,
@@ -141,17 +172,15 @@ def bench_trainer(
         baseline=c.baseline,
         progress=say,
     )
-    if out is not None:
-        out.parent.mkdir(parents=True, exist_ok=True)
-        out.write_text(json.dumps(result, indent=2) + "\n")
-    _emit(result, as_json)
+    seed = int(result.get("rl_config", {}).get("seed", 0))
+    _emit(result, as_json, out, name="trainer", config=c, seeds=[seed])
 
 
 @app.command("learning")
 @config_options(_flags("learning", LearningBenchConfig))
 def bench_learning(
     cfg: RunConfig,
-    result: Annotated[Path | None, typer.Option(help="Also write the JSON to this file.")] = None,
+    out: OutOpt = None,
     as_json: JsonOpt = False,
 ) -> None:
     """The preset with several RL seeds from one warm start: paired accuracy gain, tool-call
@@ -162,16 +191,13 @@ def bench_learning(
         typer.echo(f"[bench learning] {msg}", err=True)
 
     c = cfg.bench.learning
-    out = run_learning_benchmark(
+    res = run_learning_benchmark(
         c.preset,
         c.seeds,
-        c.out,
+        c.runs,
         overrides=c.overrides,
         eval_k=c.eval_k,
         world2_seed=c.world2_seed or None,
         progress=say,
     )
-    if result is not None:
-        result.parent.mkdir(parents=True, exist_ok=True)
-        result.write_text(json.dumps(out, indent=2) + "\n")
-    _emit(out, as_json)
+    _emit(res, as_json, out, name="learning", config=c, seeds=list(range(c.seeds)))

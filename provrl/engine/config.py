@@ -4,9 +4,16 @@ from __future__ import annotations
 
 from typing import Any, Literal
 
-from pydantic import Field
+from pydantic import Field, ValidationInfo, field_validator
 
 from provrl.config import Section, TorchDevice
+
+VLLM_IGNORES = {
+    "device": "vLLM places its weights and KV cache itself (its build picks the device)",
+    "prefix_cache_min_tokens": "vLLM's prefix cache shares whole KV blocks, with no minimum",
+}
+"""EngineConfig fields the vLLM backend cannot honour: set to anything but their default
+with ``backend: vllm`` they are refused, not silently ignored."""
 
 
 class VLLMOptions(Section):
@@ -79,10 +86,15 @@ class EngineConfig(Section):
         "instead of recomputing it (GRPO groups and agent prompts share long prefixes).",
     )
     prefix_cache_min_tokens: int = Field(
-        8, ge=1, description="Shortest shared prefix worth copying from another slot."
+        8,
+        ge=1,
+        description="Shortest shared prefix worth copying from another slot (local backend; "
+        "refused with backend vllm).",
     )
     device: TorchDevice = Field(
-        "cpu", description="torch device of the engine's weights and KV cache."
+        "cpu",
+        description="torch device of the engine's weights and KV cache (local backend; "
+        "refused with backend vllm, whose build picks the device).",
     )
     dtype: Literal["float32", "bfloat16", "float16"] = Field(
         "float32", description="dtype of the engine's weights and KV cache (logits are fp32)."
@@ -123,3 +135,15 @@ class EngineConfig(Section):
     vllm: VLLMOptions = Field(
         default_factory=VLLMOptions, description="Settings of the vLLM backend only."
     )
+
+    @field_validator(*VLLM_IGNORES)
+    @classmethod
+    def _vllm_reads_it(cls, value: Any, info: ValidationInfo) -> Any:
+        """A field the vLLM backend ignores, given with ``backend: vllm``, is refused."""
+        default = cls.model_fields[str(info.field_name)].default
+        if info.data.get("backend") == "vllm" and value != default:
+            raise ValueError(
+                f"the vLLM backend ignores it: {VLLM_IGNORES[str(info.field_name)]}; "
+                f"leave it at {default!r} or use backend: local"
+            )
+        return value

@@ -147,7 +147,7 @@ class LearningBenchConfig(Section):
 
     preset: str = Field("default", description="The preset run (a name in configs/ or a YAML).")
     seeds: int = Field(3, ge=1, description="RL seeds (pipeline.loop.seed = rl.seed = 0 … n−1).")
-    out: str = Field(
+    runs: str = Field(
         "runs/bench-learning", description="Directory of the runs (resumable: rerun to go on)."
     )
     eval_k: int = Field(4, ge=1, description="Samples per test task (k ≥ 4 for the figure).")

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import inspect
 import threading
 import time
 
@@ -81,6 +82,55 @@ def test_keep_swaps_between_steps_and_keeps_the_old_kv(
     eng.wait_idle(60)
     s = eng.stats()
     assert s["kv_staleness_samples"] > 0 and 0 < s["kv_staleness_mean_abs"] < 1.0
+
+
+def cached_execution_logprobs(models, prompt, out) -> np.ndarray:
+    """log q of a keep-mode turn's tokens as the engine computed them, rebuilt with plain HF
+    forwards: a token stamped v is sampled from logits of a step run under v, and that step
+    computed the KV of its input — so the KV of position j comes from the version of token
+    j + 1, the prompt's (prefilled before the swap) from version 0. Version-0 positions
+    run through model 0, the rest through model 1 on top of model 0's cache."""
+    ids = torch.tensor([prompt + out.token_ids])
+    n_old = int((out.version == 0).sum())  # the swap came after these tokens (versions rise)
+    m = len(prompt) + n_old - 1  # positions whose KV is version 0
+    with torch.no_grad():
+        first = models[0].model(input_ids=ids[:, :m], use_cache=True)
+        # transformers renamed past_key_values to cache (both in, and out) during 5.x
+        name = "cache" if "cache" in inspect.signature(models[1].model.forward).parameters else "past_key_values"  # fmt: skip
+        rest = models[1].model(input_ids=ids[:, m:], **{name: getattr(first, name)})
+        logits = torch.cat([first.logits[0], rest.logits[0]]).double()
+    lp = torch.log_softmax(logits[:-1], -1).gather(-1, ids[0, 1:, None])[:, 0]
+    return lp[len(prompt) - 1 :].numpy()  # token t of the turn is predicted at position t-1
+
+
+def test_keep_tokens_after_a_swap_are_the_cached_execution_and_the_audit_measures_them(
+    make_engine, tiny, prompts, helpers, teacher
+):
+    """The tokens ``check_exact(only_pure_kv=True)`` skips: sampled under v1 while attending
+    to v0 KV. Their recorded log q must be the mixed-KV execution (rebuilt independently),
+    and the KV-staleness audit's figures must be |log q_fresh − log q_recorded| over exactly
+    these tokens, with log q_fresh a from-scratch v1 forward."""
+    eng = make_engine(audit_fraction=1.0, audit_max_tokens=64)
+    new = helpers.perturbed(tiny, 0.05, seed=1)
+    futs = [eng.submit(p, params(i)) for i, p in enumerate(prompts[:6])]
+    wait_tokens(eng, 30)
+    eng.load_weights(new, version=1, mode="keep")
+    outs = [f.result(timeout=120) for f in futs]
+    eng.wait_idle(60)
+    models = {0: tiny, 1: helpers.with_state(tiny, new, "v1")}
+    stale_diffs = []
+    for p, o in zip(prompts[:6], outs, strict=True):
+        assert (o.kv_min == 0).all() and (np.diff(o.version) >= 0).all()
+        np.testing.assert_allclose(o.logprob, cached_execution_logprobs(models, p, o), atol=1e-4)
+        stale = o.version == 1  # kv_min 0 < version 1: attended to older KV
+        fresh = teacher(models[1].model, p + o.token_ids)[len(p) :].numpy()
+        stale_diffs += np.abs(fresh[stale] - o.logprob[stale]).tolist()
+    s = eng.stats()
+    assert s["kv_staleness_samples"] == len(stale_diffs) > 0
+    assert s["kv_staleness_support_misses"] == 0
+    assert s["kv_staleness_mean_abs"] == pytest.approx(np.mean(stale_diffs), abs=1e-4)
+    assert s["kv_staleness_max_abs"] == pytest.approx(max(stale_diffs), abs=1e-4)
+    assert np.mean(stale_diffs) > 1e-3  # stale KV really differs from a recompute here
 
 
 def test_audit_sees_no_staleness_when_the_weights_do_not_change(make_engine, tiny, prompts):

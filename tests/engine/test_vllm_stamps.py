@@ -105,3 +105,17 @@ def test_backend_is_a_config_field():
     assert cfg.engine.backend == "vllm" and cfg.engine.vllm.kv_cache_gb == 3
     with pytest.raises(ValueError, match="backend"):
         load_config(RunConfig, "quick", ["engine.backend=sglang"])
+
+
+@pytest.mark.parametrize(("key", "value"), [("device", "cpu:0"), ("prefix_cache_min_tokens", 4)])
+def test_options_vllm_ignores_are_refused_in_one_line(key, value):
+    from provrl.config import ConfigError, load_config
+    from provrl.run_config import RunConfig
+
+    with pytest.raises(ConfigError) as e:
+        load_config(RunConfig, "quick", ["engine.backend=vllm", f"engine.{key}={value}"])
+    msg = str(e.value)
+    assert f"'engine.{key}'" in msg and "vLLM backend ignores it" in msg and "\n" not in msg
+    # the same value is the local engine's to read; the default is accepted with vllm
+    assert getattr(load_config(RunConfig, "quick", [f"engine.{key}={value}"]).engine, key) == value
+    EngineConfig(backend="vllm", **{key: EngineConfig.model_fields[key].default})

@@ -3,10 +3,14 @@
 from __future__ import annotations
 
 import itertools
+import math
 
 import numpy as np
 import pytest
+import torch
 
+from provrl.objectives.corrections import sequence_log_weight
+from provrl.provenance import Trajectory, TrajectoryBatch, TrajectoryBuilder
 from provrl.theory.mixed import (
     SequenceModel,
     Versions,
@@ -41,15 +45,95 @@ def test_enumeration_against_a_direct_product():
     np.testing.assert_allclose(np.exp(log_q).sum(1), 1.0, rtol=1e-12)
 
 
+def history_tables(model, versions, eta, version) -> dict[tuple[int, ...], np.ndarray]:
+    """log π_v(·|h) keyed by the history h itself, not by SequenceModel's row index (rows are
+    breadth-first: (), (0,), (1,), …, (0, 0), …; the direct-product test checks that)."""
+    lt = versions.log_table(version, eta)
+    hs = [h for d in range(model.length) for h in itertools.product(range(model.vocab), repeat=d)]
+    assert len(hs) == lt.shape[0]
+    return dict(zip(hs, lt, strict=True))
+
+
+PROMPT = 7  # one non-action token before the actions (a real trajectory has a prompt)
+
+
+def mixed_trajectory(tau, kappa, old, new, label_new=False) -> Trajectory:
+    """τ as the engine records it after a hot-load at token κ: tokens t < κ sampled by
+    version 0 (``old``), t ≥ κ by version 1 (``new``), each with its own log q. With
+    ``label_new`` every token is labelled version 1 and its q recomputed from that label
+    (the wrong attribution)."""
+    table = [new if label_new or t >= kappa else old for t in range(len(tau))]
+    b = TrajectoryBuilder(f"k{kappa}-{tau}", "t")
+    b.add_prompt([PROMPT])
+    b.add_actions(
+        list(tau),
+        logprob=[table[t][tau[:t]][a] for t, a in enumerate(tau)],
+        kept_mass=1.0,
+        version=[1 if label_new or t >= kappa else 0 for t in range(len(tau))],
+        kv_min=0,
+        kv_max=[0 if t < kappa else 1 for t in range(len(tau))],
+        replica=0,
+    )
+    return b.build(reward=0.0)
+
+
+def enumerate_with_project_weights(model, old, new, target, f_of, *, label_new=False):
+    """For each κ = 0 … T: Σ_τ q_κ(τ) · w(τ) · f(τ) by plain enumeration of every τ, with
+    q_κ multiplied out token by token here and w(τ) from the project's code — both
+    ``Trajectory.log_w`` and the objectives' ``sequence_log_weight`` over a padded
+    ``TrajectoryBatch`` (the trainer's layout), which must agree."""
+    T = model.length
+    taus = list(itertools.product(range(model.vocab), repeat=T))
+    out = []
+    for kappa in range(T + 1):
+        trajs = [mixed_trajectory(tau, kappa, old, new, label_new) for tau in taus]
+        log_pi = [[target[tau[:t]][a] for t, a in enumerate(tau)] for tau in taus]
+        w_traj = np.array([t.log_w(lp) for t, lp in zip(trajs, log_pi, strict=True)])
+        tb = TrajectoryBatch.from_trajectories(trajs, pad_token_id=0)
+        logp = torch.zeros(tb.behaviour_logprobs.shape, dtype=torch.float64)
+        logp[tb.action_mask] = torch.tensor(log_pi, dtype=torch.float64).reshape(-1)
+        w_batch = sequence_log_weight(logp, tb.behaviour_logprobs, tb.action_mask).numpy()
+        np.testing.assert_allclose(w_batch, w_traj, rtol=0, atol=1e-5)  # float32 log q
+        log_q = np.array(
+            [
+                sum((old if t < kappa else new)[tau[:t]][a] for t, a in enumerate(tau))
+                for tau in taus
+            ]
+        )
+        f = np.array([f_of(tau) for tau in taus])
+        out.append(float((np.exp(log_q + w_traj) * f).sum()))
+    truth = sum(
+        math.exp(sum(target[tau[:t]][a] for t, a in enumerate(tau))) * f_of(tau) for tau in taus
+    )
+    return np.array(out), truth
+
+
+def share_of_zeros(tau) -> float:
+    return sum(a == 0 for a in tau) / len(tau)
+
+
 @pytest.mark.parametrize("target", [0, 1, 2])
 @pytest.mark.parametrize("eta", [0.0, 0.3, 2.0])
-def test_exact_provenance_is_unbiased(small, target, eta):
-    model, versions, f = small
+def test_the_projects_weights_are_unbiased_by_an_independent_enumeration(small, target, eta):
+    """w(τ) as provrl computes it from the *recorded* per-token q, on every trajectory of
+    every switch point, gives E_{q_κ}[w f] = E_{π_θ}[f] for each κ. A weight that used the
+    wrong version, the wrong token or a recomputed q would not (the label-recomputed weights
+    below, the wrong attribution, are biased by the same enumeration)."""
+    model, versions, _ = small
+    old, new = (history_tables(model, versions, eta, v) for v in (0, 1))
+    pi = history_tables(model, versions, eta, target)
+    est, truth = enumerate_with_project_weights(model, old, new, pi, share_of_zeros)
+    np.testing.assert_allclose(est, truth, rtol=0, atol=2e-6)  # float32 log q in the record
+    wrong, _ = enumerate_with_project_weights(model, old, new, pi, share_of_zeros, label_new=True)
+    if eta > 0:
+        assert np.abs(wrong - truth).max() > 1e-2  # this enumeration can tell them apart
+
+    # theory.mixed's exact sums agree with the enumeration, rule by rule and κ by κ
+    f = reward_share(model)
     r = attribution_biases(model, versions, f, eta, target_version=target)
-    np.testing.assert_allclose(r["bias"]["exact"], 0.0, atol=1e-12)
-    # any switch distribution P(κ): unbiased per κ ⇒ unbiased for every mixture
-    P = np.random.default_rng(0).dirichlet(np.ones(model.length + 1))
-    assert abs(P @ r["bias"]["exact"]) < 1e-12
+    assert r["truth"] == pytest.approx(truth, abs=1e-12)
+    np.testing.assert_allclose(r["bias"]["exact"] + truth, est, atol=2e-6)
+    np.testing.assert_allclose(r["bias"]["latest"] + truth, wrong, atol=2e-6)
 
 
 def test_wrong_attribution_is_biased_where_versions_differ(small):

@@ -20,6 +20,42 @@ from provrl.provenance import SamplingParams, Trajectory, TrajectoryBuilder
 
 
 @torch.no_grad()
+def sample_tokens(
+    model,
+    x: torch.Tensor,
+    max_new_tokens: int,
+    *,
+    temperature: float = 1.0,
+    top_p: float = 1.0,
+    top_k: int = 0,
+    generator: torch.Generator,
+) -> tuple[list[torch.Tensor], list[torch.Tensor], list[torch.Tensor]]:
+    """Continue each row of ``x`` ``[n, L]`` by ``max_new_tokens`` sampled tokens. Returns,
+    per new position, the sampled ids ``[n]``, their log q after temperature / top-k / top-p
+    (renormalised, float64) and the kept mass."""
+    toks, logq, kept = [], [], []
+    for _ in range(max_new_tokens):
+        z = model(input_ids=x, logits_to_keep=1).logits[:, -1].double() / temperature
+        p = torch.softmax(z, -1)
+        ps, idx = torch.sort(p, -1, descending=True)
+        rank = torch.arange(p.shape[-1])
+        in_k = rank < (top_k if top_k > 0 else p.shape[-1])
+        head = torch.where(in_k, ps, 0.0)
+        before = torch.cumsum(head, -1) - head
+        keep_sorted = in_k & (before < top_p * head.sum(-1, keepdim=True))
+        keep_sorted[:, 0] = True
+        keep = torch.zeros_like(keep_sorted).scatter(-1, idx, keep_sorted)
+        m = torch.where(keep, p, 0.0).sum(-1)
+        q = torch.where(keep, p, 0.0) / m[:, None]
+        a = torch.multinomial(q, 1, generator=generator).squeeze(-1)
+        toks.append(a)
+        logq.append(q.gather(-1, a[:, None]).squeeze(-1).log())
+        kept.append(m)
+        x = torch.cat([x, a[:, None]], 1)
+    return toks, logq, kept
+
+
+@torch.no_grad()
 def sample_group(
     model,
     prompt_ids: Sequence[int],
@@ -36,25 +72,9 @@ def sample_group(
 ) -> list[Trajectory]:
     g = torch.Generator().manual_seed(seed)
     x = torch.tensor([list(prompt_ids)] * n)
-    toks, logq, kept = [], [], []
-    for _ in range(max_new_tokens):
-        z = model(input_ids=x, logits_to_keep=1).logits[:, -1].double() / temperature
-        p = torch.softmax(z, -1)
-        ps, idx = torch.sort(p, -1, descending=True)
-        rank = torch.arange(p.shape[-1])
-        in_k = rank < (top_k if top_k > 0 else p.shape[-1])
-        head = torch.where(in_k, ps, 0.0)
-        before = torch.cumsum(head, -1) - head
-        keep_sorted = in_k & (before < top_p * head.sum(-1, keepdim=True))
-        keep_sorted[:, 0] = True
-        keep = torch.zeros_like(keep_sorted).scatter(-1, idx, keep_sorted)
-        m = torch.where(keep, p, 0.0).sum(-1)
-        q = torch.where(keep, p, 0.0) / m[:, None]
-        a = torch.multinomial(q, 1, generator=g).squeeze(-1)
-        toks.append(a)
-        logq.append(q.gather(-1, a[:, None]).squeeze(-1).log())
-        kept.append(m)
-        x = torch.cat([x, a[:, None]], 1)
+    toks, logq, kept = sample_tokens(
+        model, x, max_new_tokens, temperature=temperature, top_p=top_p, top_k=top_k, generator=g
+    )
     out = []
     params = SamplingParams(
         temperature=temperature, top_p=top_p, top_k=top_k, max_new_tokens=max_new_tokens
