@@ -37,3 +37,11 @@ def test_backend_is_the_old_name_of_engine_backend():
     assert "backend" not in RunConfig().model_dump()  # written as engine.backend only
     with pytest.raises(ConfigError, match=r"old name of engine\.backend"):
         load_config(RunConfig, None, ["backend=spark"])
+
+
+def test_removed_save_every_reads_as_1_and_refuses_any_other_value():
+    """``pipeline.loop.save_every`` never did anything but 1 (every version is saved before
+    it is hot-loaded); an old config that says 1 still loads, another value is one line."""
+    assert load_config(RunConfig, "quick", ["pipeline.loop.save_every=1"]).pipeline.loop.k >= 1
+    with pytest.raises(ConfigError, match="save_every was removed"):
+        load_config(RunConfig, "quick", ["pipeline.loop.save_every=5"])

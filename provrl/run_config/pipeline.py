@@ -5,9 +5,9 @@ the whole run config, so the run config cannot import the pipeline package."""
 
 from __future__ import annotations
 
-from typing import ClassVar, Literal
+from typing import Any, ClassVar, Literal
 
-from pydantic import Field
+from pydantic import Field, model_validator
 
 from provrl.config import Section, peer_names
 
@@ -57,6 +57,20 @@ class RLLoopConfig(Section):
         "running engine; staleness bounded by max_lag.",
     )
     steps: int = Field(12, ge=0, description="RL optimizer steps (= new policy versions).")
+
+    @model_validator(mode="before")
+    @classmethod
+    def _removed_save_every(cls, data: Any) -> Any:
+        """``save_every`` was removed: every version is saved before it is hot-loaded (no
+        version is reused after a crash), so only 1 ever worked; 1 is still read."""
+        if isinstance(data, dict) and "save_every" in data:
+            data = dict(data)
+            if data.pop("save_every") != 1:
+                raise ValueError(
+                    "save_every was removed: every step's version is saved before it is "
+                    "hot-loaded; drop the key"
+                )
+        return data
     seed: int | None = Field(
         None,
         description="Seed of the RL stage's sampling and task order (None: the run's seed). "
@@ -92,16 +106,9 @@ class RLLoopConfig(Section):
         description="async: give the engine's scheduler thread and the learner thread half of "
         "torch's intra-op threads each (at least one), so the two never oversubscribe the "
         "cores. Worth it when rollouts keep the engine busy through a whole training step "
-        "(generation-bound runs); off by default because on 2 CPU cores the trainer is the "
-        "bottleneck (SmolLM2: a step ~3× the rollout time of its batch) and would lose its "
-        "second core for most of the step. sync ignores it: engine and trainer take turns.",
-    )
-    save_every: int = Field(
-        1,
-        ge=1,
-        description="Save a resumable checkpoint (weights, optimizer, state) every this many "
-        "steps; a version is hot-loaded only after it is saved, so no version is ever reused "
-        "after a crash. Leave at 1 unless checkpoints dominate the wall time.",
+        "(generation-bound runs). Off here; the default preset turns it on (engine and "
+        "learner a core each: no oversubscribed thread pools). sync ignores it: engine and "
+        "trainer take turns.",
     )
 
 
