@@ -34,8 +34,16 @@ def _run(root: Path) -> Path:
         "rl": {"stage_wall_s": 300.0},
         "eval": {
             "stage_wall_s": 40.0,
-            "warmstart": {"accuracy": 0.5, "mean_tool_calls": 2.0, "task_accuracy": {"a": 0.5, "b": 0.5, "c": 0.0}},  # fmt: skip
-            "rl": {"accuracy": 0.75, "mean_tool_calls": 1.5, "task_accuracy": {"a": 1.0, "b": 0.5, "c": 0.5}},  # fmt: skip
+            "warmstart": {
+                "accuracy": 0.5,
+                "mean_tool_calls": 2.0,
+                "task_accuracy": {"a": 0.5, "b": 0.5, "c": 0.0},
+            },
+            "rl": {
+                "accuracy": 0.75,
+                "mean_tool_calls": 1.5,
+                "task_accuracy": {"a": 1.0, "b": 0.5, "c": 0.5},
+            },
         },
     }.items():
         (run / stage).mkdir(parents=True)
