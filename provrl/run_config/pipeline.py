@@ -71,6 +71,7 @@ class RLLoopConfig(Section):
                     "hot-loaded; drop the key"
                 )
         return data
+
     seed: int | None = Field(
         None,
         description="Seed of the RL stage's sampling and task order (None: the run's seed). "
