@@ -358,7 +358,9 @@ class RLTrainer:
         n_tok = float(batch.tb.lengths.sum())
         wall = time.perf_counter() - t0
         state = published_weights(self.model, self.publish_dtype)
-        logits_bytes = min(cfg.logprob_chunk_tokens, n_act) * self.vocab_size * 12
+        # one checkpointed LM-head chunk at its peak in backward: bf16 logits, float32 copy,
+        # log-softmax, their float32 gradients and the bf16 cast (2+4+4 + 4+4+2 bytes)
+        logits_bytes = min(cfg.logprob_chunk_tokens, n_act) * self.vocab_size * 20
         metrics |= {
             "version": float(self.version),
             "num_trajectories": float(batch.size),
