@@ -57,9 +57,6 @@ VARIANTS: dict[str, dict[str, Any]] = {
 packed without sharing prefixes (what the trie adds); one optimizer step per batch (no
 proximal pass at all)."""
 SIDES = (*VARIANTS, "reference")
-LM_HEAD_BYTES = 20
-"""Bytes per (action token × vocabulary entry) one LM-head chunk holds at its peak in
-backward (:func:`run_side`'s breakdown; the trainer's ``mem_logits_mib`` uses the same)."""
 
 MATMUL_SHAPES = ((4096, 576, 1536), (4096, 1536, 576), (4096, 576, 49152))
 """(M, K, N) of SmolLM2-135M's MLP up / down projections and LM head at 4,096 tokens."""
@@ -290,7 +287,7 @@ def run_side(spec: SideSpec) -> dict[str, Any]:
 
     from provrl._sys import release_memory
     from provrl.models import load_model
-    from provrl.train.memory import SavedTensorMeter, optimizer_mib, tensor_mib
+    from provrl.train.memory import LM_HEAD_BYTES, SavedTensorMeter, optimizer_mib, tensor_mib
 
     if spec.threads:
         torch.set_num_threads(spec.threads)
@@ -326,9 +323,7 @@ def run_side(spec: SideSpec) -> dict[str, Any]:
         m = spec.reference_micro_batch
         comp = [len(t) - int(np.flatnonzero(t.is_action)[0]) for t in trajs]
         logits = max(len(comp[i : i + m]) * (max(comp[i : i + m]) + 1) for i in range(0, len(comp), m)) * V * 10  # fmt: skip
-    else:  # one checkpointed chunk at its peak, in backward: the recomputed bf16 logits, their
-        # float32 copy and log-softmax (2 + 4 + 4 bytes), then the float32 gradients of the
-        # log-softmax and of the logits and the bf16 cast the matmul's backward takes (4 + 4 + 2)
+    else:  # one checkpointed chunk at its peak in backward (train.memory.LM_HEAD_BYTES)
         logits = min(chunk, shape["action_tokens"]) * V * LM_HEAD_BYTES
     state = {
         "weights_mib": tensor_mib(params),

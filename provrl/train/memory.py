@@ -16,6 +16,11 @@ from typing import Any
 import torch
 
 MIB = 2**20
+LM_HEAD_BYTES = 20
+"""Bytes per (action token × vocabulary entry) one activation-checkpointed LM-head chunk holds
+at its peak in backward: the recomputed bf16 logits, their float32 copy and log-softmax
+(2 + 4 + 4), then the float32 gradients of the log-softmax and of the logits and the bf16
+cast the matmul's backward takes (4 + 4 + 2). ``mem_logits_mib`` is one chunk of it."""
 
 
 def tensor_mib(tensors: Iterable[torch.Tensor]) -> float:

@@ -61,7 +61,7 @@ from provrl.train.logprobs import (
     hidden_before,
     token_logprobs_chunked,
 )
-from provrl.train.memory import SavedTensorMeter, step_memory
+from provrl.train.memory import LM_HEAD_BYTES, SavedTensorMeter, step_memory
 from provrl.train.optim import adamw
 from provrl.train.packing import (
     cut_rows,
@@ -358,9 +358,7 @@ class RLTrainer:
         n_tok = float(batch.tb.lengths.sum())
         wall = time.perf_counter() - t0
         state = published_weights(self.model, self.publish_dtype)
-        # one checkpointed LM-head chunk at its peak in backward: bf16 logits, float32 copy,
-        # log-softmax, their float32 gradients and the bf16 cast (2+4+4 + 4+4+2 bytes)
-        logits_bytes = min(cfg.logprob_chunk_tokens, n_act) * self.vocab_size * 20
+        logits_bytes = min(cfg.logprob_chunk_tokens, n_act) * self.vocab_size * LM_HEAD_BYTES
         metrics |= {
             "version": float(self.version),
             "num_trajectories": float(batch.size),
