@@ -57,17 +57,15 @@ def parse_time_log(text: str) -> dict[str, float]:
 
 def summarise(run_dir: Path, timing: dict[str, float]) -> dict[str, Any]:
     """The run's figures (module docstring) from its stage markers and step records."""
+    from provrl.pipeline.run import load_summary
     from provrl.pipeline.stages import paired_difference
+    from provrl.pipeline.steplog import read_steps
 
-    stages: dict[str, float] = {}
-    done: dict[str, Any] = {}
-    for p in sorted(run_dir.glob("*/done.json")):
-        d = json.loads(p.read_text())
-        done[p.parent.name] = d
-        stages[p.parent.name] = float(d.get("stage_wall_s", d.get("wall_s", 0.0)))
+    done = load_summary(run_dir)
+    stages = {k: float(d.get("stage_wall_s", d.get("wall_s", 0.0))) for k, d in done.items()}
     if "eval" not in done:
         raise ValueError(f"{run_dir}: no eval/done.json — the run did not finish")
-    steps = [json.loads(line) for line in (run_dir / "rl" / "steps.jsonl").read_text().splitlines()]
+    steps = read_steps(run_dir)
     step_s = [float(r["step_s"]) for r in steps]
     ev = done["eval"]
     evals = {
@@ -123,9 +121,9 @@ def main(argv: list[str] | None = None) -> None:
     try:
         timing = parse_time_log(args.time_log.read_text())
         result = summarise(args.run, timing)
+        cfg = _config(args.run)
     except (OSError, ValueError, KeyError) as e:
         raise SystemExit(f"provrl.bench.demo: {args.time_log} / {args.run}: {e}") from e
-    cfg = json.loads(json.dumps(_config(args.run)))
     record = run_record(
         "demo",
         result,
@@ -138,10 +136,11 @@ def main(argv: list[str] | None = None) -> None:
 
 
 def _config(run_dir: Path) -> dict[str, Any]:
-    import yaml
+    """The run's whole config (every setting, defaults included), as ``provrl run`` read it."""
+    from provrl.config import load_config
+    from provrl.run_config import RunConfig
 
-    text = (run_dir / "config.yaml").read_text()
-    return dict(yaml.safe_load(text) or {})
+    return load_config(RunConfig, run_dir / "config.yaml").model_dump(mode="json")
 
 
 if __name__ == "__main__":

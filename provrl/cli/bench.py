@@ -45,6 +45,16 @@ def _flags(section: str, cls: Any, **renamed: str) -> dict[str, str]:
     return {flag: f"bench.{section}.{name}" for flag, name in fields.items()}
 
 
+def _progress(name: str, quiet: bool = False) -> Any:
+    """A benchmark's progress line printer (stderr, ``[bench NAME] …``; silent when ``quiet``)."""
+
+    def say(msg: str) -> None:
+        if not quiet:
+            typer.echo(f"[bench {name}] {msg}", err=True)
+
+    return say
+
+
 def _emit(
     result: dict[str, Any],
     as_json: bool,
@@ -78,11 +88,9 @@ def bench_engine(
     with --backend vllm also the vLLM backend in the same run (docs/engine.md §10)."""
     from provrl.bench.engine import run_engine_benchmark
 
-    def say(msg: str) -> None:
-        if not as_json:
-            typer.echo(f"[bench engine] {msg}", err=True)
-
-    result = run_engine_benchmark(**cfg.bench.engine.model_dump(), progress=say)
+    result = run_engine_benchmark(
+        **cfg.bench.engine.model_dump(), progress=_progress("engine", as_json)
+    )
     if run_dir is not None:
         from provrl.report.metrics import MetricsWriter
 
@@ -156,10 +164,6 @@ def bench_trainer(
     FLOP/s against the bf16 matmul rate, lag-0 trainer-engine mismatch."""
     from provrl.bench.trainer import run_trainer_benchmark
 
-    def say(msg: str) -> None:
-        if not as_json:
-            typer.echo(f"[bench trainer] {msg}", err=True)
-
     c = cfg.bench.trainer
     result = run_trainer_benchmark(
         c.model,
@@ -170,7 +174,7 @@ def bench_trainer(
         reference_micro_batch=c.reference_micro_batch,
         lag0=c.lag0,
         baseline=c.baseline,
-        progress=say,
+        progress=_progress("trainer", as_json),
     )
     seed = int(result.get("rl_config", {}).get("seed", 0))
     _emit(result, as_json, out, name="trainer", config=c, seeds=[seed])
@@ -187,9 +191,6 @@ def bench_learning(
     cut, mixed-version share, second-world gain, per seed and as a mean with a 95 % interval."""
     from provrl.bench.learning import run_learning_benchmark
 
-    def say(msg: str) -> None:
-        typer.echo(f"[bench learning] {msg}", err=True)
-
     c = cfg.bench.learning
     res = run_learning_benchmark(
         c.preset,
@@ -198,6 +199,6 @@ def bench_learning(
         overrides=c.overrides,
         eval_k=c.eval_k,
         world2_seed=c.world2_seed or None,
-        progress=say,
+        progress=_progress("learning"),
     )
     _emit(res, as_json, out, name="learning", config=c, seeds=list(range(c.seeds)))
