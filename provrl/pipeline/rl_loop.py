@@ -114,6 +114,8 @@ BATCH_SCALARS = (
     "action_tokens",
     "mixed_version_trajectories",
     "max_lag",
+    "distinct_share",
+    "zero_signal_share",
 )
 """The scalars of :func:`batch_stats` that go to the metrics sink (``rl_batch/…``)."""
 
@@ -122,6 +124,14 @@ def batch_row(record: dict[str, Any]) -> dict[str, Any]:
     """The metrics sink's ``rl_batch`` row of a step record (the same whether the record was
     just made or read back to rebuild a row a kill lost)."""
     return {k: record[k] for k in BATCH_SCALARS if isinstance(record.get(k), int | float)}
+
+
+def distinct_share(groups: Sequence[Group]) -> float:
+    """Share of a batch's samples that differ from every earlier sample of their group:
+    Σ_g |{distinct action-token sequences of g}| / Σ_g |g|. A group of k identical samples
+    counts 1/k: it spends k samples' compute on one sample's information."""
+    distinct = sum(len({t.token_id[t.is_action].tobytes() for t in g.trajectories}) for g in groups)
+    return distinct / max(1, sum(len(g.trajectories) for g in groups))
 
 
 def batch_stats(groups: Sequence[Group], trainer_version: int) -> dict[str, Any]:
@@ -144,6 +154,7 @@ def batch_stats(groups: Sequence[Group], trainer_version: int) -> dict[str, Any]
         "mixed_version_trajectories": mixed,
         "lag_histogram": {str(k): int(v) for k, v in sorted(lags.items())},
         "max_lag": max(lags) if lags else 0,
+        "distinct_share": distinct_share(groups),
         "groups_K": [g.successes for g in groups],
         "trained": [t.traj_id for t in trajs],
     }
@@ -243,6 +254,8 @@ class RLLoop:
         self.groups_dropped = 0
         """Groups this session dropped as too stale (async)."""
         self.signal = {"groups": 0, "zero_signal_groups": 0, "tokens": 0, "zero_signal_tokens": 0}
+        self.signal_mark = (0, 0)
+        """(groups, zero-signal groups) finished when the last step was recorded."""
         """Finished groups this session, and how many (and their tokens) had no signal."""
         self.zero_streak = 0
         """Finished groups in a row without signal."""
@@ -431,6 +444,7 @@ class RLLoop:
         if self.cfg.pipeline.curriculum.enabled:
             self.curriculum.advance(result.version)
         stats["pools"] = self.curriculum.counts()
+        stats.update(self.signal_since_last_step())
         record = self.step_record(result.version, dict(result.metrics), stats)
         self.save(result.version, record)  # before the engine may sample a single token of it
         self.record(record)
@@ -440,6 +454,17 @@ class RLLoop:
         release_memory()
         self.bar.update(1)
         self.bar.set_postfix(acc=f"{stats['accuracy']:.2f}", calls=f"{stats['tool_calls']:.2f}")
+
+    def signal_since_last_step(self) -> dict[str, Any]:
+        """Groups finished since the previous step and the share of them without signal
+        (all rewards equal: skipped, never trained)."""
+        (g0, z0), g, z = self.signal_mark, self.signal["groups"], self.signal["zero_signal_groups"]
+        self.signal_mark = (g, z)
+        return {
+            "finished_groups": g - g0,
+            "zero_signal_groups": z - z0,
+            "zero_signal_share": (z - z0) / max(1, g - g0),
+        }
 
     def step_record(
         self, version: int, step_metrics: dict[str, Any], stats: dict[str, Any]

@@ -255,11 +255,21 @@ def mixing_section(steps: list[dict[str, Any]]) -> list[str]:
     if not sum(trained):
         return []
     rows = " ".join(f"{m}/{t}" for m, t in zip(mixed, trained, strict=True))
-    return [
+    md = [
         f"Trained trajectories that span ≥ 2 policy versions: {sum(mixed)} of {sum(trained)} "
         f"({sum(mixed) / sum(trained):.0%}); per step {rows}.",
         "",
     ]
+    zs = [s["zero_signal_share"] for s in steps if "zero_signal_share" in s]
+    ds = [s["distinct_share"] for s in steps if "distinct_share" in s]
+    if zs and ds:
+        md += [
+            f"Signal per step: groups finished without signal {' '.join(f'{z:.0%}' for z in zs)} "
+            f"(mean {np.mean(zs):.0%}); distinct samples in the trained groups "
+            f"{' '.join(f'{d:.0%}' for d in ds)} (mean {np.mean(ds):.0%}).",
+            "",
+        ]
+    return md
 
 
 def rl_vs_warmstart(w: dict[str, Any], r: dict[str, Any]) -> str:
@@ -283,23 +293,27 @@ def rl_vs_warmstart(w: dict[str, Any], r: dict[str, Any]) -> str:
 
 
 def _mixed_trajectory(run: Path) -> str | None:
-    """The longest RL trajectory whose actions came from more than one version, rendered
-    with each action span tagged ⟦v⟧ and tool/prompt text quoted."""
+    """A representative RL trajectory whose actions came from more than one version: among
+    the mixed-version ones that answered correctly (all of them if none did), the one of
+    median length — not the longest, which is usually a degenerate loop to the token limit.
+    Rendered with each action span tagged ⟦v⟧ and tool/prompt text quoted."""
     log = run / "rl" / "trajectories.jsonl"
     if not log.is_file():
         return None
     import warnings
 
-    best = None
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        for t in read_trajectories(log, strict=False):
-            if len(np.unique(t.version[t.is_action])) > 1 and (
-                best is None or t.num_actions > best.num_actions
-            ):
-                best = t
-    if best is None:
+        mixed = [
+            t
+            for t in read_trajectories(log, strict=False)
+            if len(np.unique(t.version[t.is_action])) > 1
+        ]
+    if not mixed:
         return None
+    answered = [t for t in mixed if t.metrics.get("exact_match", 0.0) > 0] or mixed
+    answered.sort(key=lambda t: (t.num_actions, t.traj_id))
+    best = answered[len(answered) // 2]
     cfg = (run / "config.yaml").read_text() if (run / "config.yaml").is_file() else ""
     name = "smollm2-135m"
     for line in cfg.splitlines():
@@ -357,22 +371,51 @@ def _plot_eval(ev: dict[str, Any], names: list[str], out: Path) -> Path:
 
 
 def _plot_curves(steps: list[dict[str, Any]], out: Path) -> Path:
+    """Per RL step (the record's 1-based ``step``): reward, accuracy, tool calls, and the
+    signal of the batch — the share of groups finished since the previous step that had no
+    signal, the share of distinct samples in the trained groups, and the share of trained
+    trajectories that span ≥ 2 policy versions."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    x = [s["step"] + 1 for s in steps]
-    fig, axes = plt.subplots(1, 3, figsize=(11, 3))
-    for ax, key, label in zip(
-        axes,
-        ("reward_mean", "accuracy", "tool_calls"),
-        ("batch reward", "batch accuracy", "tool calls / episode"),
-        strict=True,
-    ):
-        ax.plot(x, [s.get(key, np.nan) for s in steps], marker="o", ms=3)
+    def col(key: str) -> list[float]:
+        return [float(s[key]) if isinstance(s.get(key), int | float) else np.nan for s in steps]
+
+    x = [s["step"] for s in steps]
+    mixed = [
+        int(s.get("mixed_version_trajectories", 0)) / max(1, len(s.get("trained", [])))
+        for s in steps
+    ]
+    panels: list[tuple[str, list[tuple[str, list[float]]]]] = [
+        ("batch reward", [("reward", col("reward_mean"))]),
+        ("batch accuracy", [("accuracy", col("accuracy"))]),
+        (
+            "tool calls",
+            [("per episode", col("tool_calls")), ("per solved", col("tool_calls_solved"))],
+        ),
+        (
+            "signal",
+            [
+                ("zero-signal groups", col("zero_signal_share")),
+                ("distinct samples", col("distinct_share")),
+            ],
+        ),
+        ("provenance", [("mixed-version trajectories", mixed)]),
+        ("policy entropy", [("entropy", col("entropy"))]),
+    ]
+    fig, axes = plt.subplots(2, 3, figsize=(12, 6))
+    for ax, (title, lines) in zip(axes.flat, panels, strict=True):
+        for label, ys in lines:
+            ax.plot(x, ys, marker="o", ms=3, label=label)
+        if len(lines) > 1 or title in ("signal", "provenance"):
+            ax.legend(fontsize=7)
+        if title in ("signal", "provenance"):
+            ax.set_ylim(-0.02, 1.02)
+            ax.set_ylabel("share")
         ax.set_xlabel("RL step")
-        ax.set_title(label)
+        ax.set_title(title)
     fig.tight_layout()
     p = out / "rl_curves.png"
     fig.savefig(p, dpi=110)

@@ -37,6 +37,9 @@ def test_run_sync_trains_only_on_tokens_of_the_version_being_updated(tmp_path, s
     assert [s["version"] for s in steps] == [1, 2]
     assert all(s["max_lag"] == 0 for s in steps)  # strict on-policy
     assert summary["groups_dropped_stale"] == 0
+    for s in steps:  # every step says how much signal its batch and the finished groups had
+        assert 0 < s["distinct_share"] <= 1 and 0 <= s["zero_signal_share"] <= 1
+        assert s["finished_groups"] >= s["zero_signal_groups"] >= 0
 
 
 def test_run_async_hot_loads_and_keeps_the_lag_bound(tmp_path, small_world):
@@ -91,3 +94,23 @@ def test_a_group_without_signal_is_skipped_never_trained_and_counted(tmp_path, s
         assert [(e.successes, e.k) for e in ev[tasks[2].task_id]] == [(4, 4), (0, 4)]
     finally:
         loop.finish()
+
+
+def test_distinct_share_counts_identical_samples_of_a_group_once():
+    import numpy as np
+
+    from provrl.pipeline.rl_loop import distinct_share
+
+    class T:
+        def __init__(self, actions: list[int]) -> None:
+            self.token_id = np.array([7, 7, *actions])
+            self.is_action = np.array([False, False] + [True] * len(actions))
+
+    class G:
+        def __init__(self, *samples: list[int]) -> None:
+            self.trajectories = [T(a) for a in samples]
+
+    # group 1: four identical samples (1 distinct); group 2: 3 distinct of 4 (the prompt
+    # tokens are equal everywhere and do not count)
+    groups = [G([1, 2], [1, 2], [1, 2], [1, 2]), G([1, 2], [2, 1], [1, 2], [1])]
+    assert distinct_share(groups) == (1 + 3) / 8  # type: ignore[arg-type]
