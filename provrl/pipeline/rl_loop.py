@@ -116,6 +116,7 @@ BATCH_SCALARS = (
     "max_lag",
     "distinct_share",
     "zero_signal_share",
+    "kv_stale_share",
 )
 """The scalars of :func:`batch_stats` that go to the metrics sink (``rl_batch/…``)."""
 
@@ -140,11 +141,14 @@ def batch_stats(groups: Sequence[Group], trainer_version: int) -> dict[str, Any]
     em = np.array([t.metrics.get("exact_match", 0.0) for t in trajs])
     calls = np.array([t.metrics.get("num_tool_calls", 0.0) for t in trajs])
     lags: Counter[int] = Counter()
-    mixed = 0
+    mixed = kv_stale = actions = 0
     for t in trajs:
         v = t.version[t.is_action]
         lags.update((trainer_version - v).tolist())
         mixed += len(np.unique(v)) > 1
+        km = t.kv_min[t.is_action]  # attended to KV of older weights (unknown, -2: not counted)
+        kv_stale += int(((km >= 0) & (km < v)).sum())
+        actions += len(v)
     return {
         "accuracy": float(em.mean()),
         "tool_calls": float(calls.mean()),
@@ -152,6 +156,7 @@ def batch_stats(groups: Sequence[Group], trainer_version: int) -> dict[str, Any]
         "malformed": float(np.mean([t.metrics.get("malformed_calls", 0.0) for t in trajs])),
         "action_tokens": float(np.mean([t.num_actions for t in trajs])),
         "mixed_version_trajectories": mixed,
+        "kv_stale_share": kv_stale / max(1, actions),
         "lag_histogram": {str(k): int(v) for k, v in sorted(lags.items())},
         "max_lag": max(lags) if lags else 0,
         "distinct_share": distinct_share(groups),

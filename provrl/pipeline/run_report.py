@@ -260,6 +260,14 @@ def mixing_section(steps: list[dict[str, Any]]) -> list[str]:
         f"({sum(mixed) / sum(trained):.0%}); per step {rows}.",
         "",
     ]
+    kv = [s["kv_stale_share"] for s in steps if "kv_stale_share" in s]
+    if kv:
+        md += [
+            "KV staleness (keep-mode hot-load): share of trained action tokens that attended to "
+            f"KV computed under older weights, per step {' '.join(f'{k:.0%}' for k in kv)} "
+            f"(mean {np.mean(kv):.0%}).",
+            "",
+        ]
     zs = [s["zero_signal_share"] for s in steps if "zero_signal_share" in s]
     ds = [s["distinct_share"] for s in steps if "distinct_share" in s]
     if zs and ds:

@@ -103,6 +103,7 @@ def test_an_async_run_trains_a_mixed_version_trajectory_with_its_recorded_q(tmp_
     assert v[0] == 0 and v[-1] == 1 and (np.diff(v) >= 0).all()  # the swap came mid-episode
     assert t.kv_min[t.is_action].max() == 0  # keep: the v1 tokens attended to v0's KV
     assert len(trained[t.traj_id]["lag_histogram"]) >= 2  # its step saw both versions' lags
+    assert trained[t.traj_id]["kv_stale_share"] > 0  # and its record counts the stale-KV tokens
     # its log q is the one each token was sampled with: the v0 tokens are version 0's
     # probabilities (the tiny start policy), recomputed here by teacher forcing
     lm = load_model("tiny")

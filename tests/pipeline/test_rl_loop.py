@@ -40,6 +40,7 @@ def test_run_sync_trains_only_on_tokens_of_the_version_being_updated(tmp_path, s
     for s in steps:  # every step says how much signal its batch and the finished groups had
         assert 0 < s["distinct_share"] <= 1 and 0 <= s["zero_signal_share"] <= 1
         assert s["finished_groups"] >= s["zero_signal_groups"] >= 0
+        assert 0 <= s["kv_stale_share"] <= 1
 
 
 def test_run_async_hot_loads_and_keeps_the_lag_bound(tmp_path, small_world):
