@@ -37,8 +37,21 @@ from provrl.env.search import Hit, SearchBackend
 Z95 = 1.6448536269514722
 
 
+def draw(cfg: LatencyConfig, rng: np.random.Generator, n: int) -> np.ndarray:
+    """``n`` latencies (seconds) under ``cfg`` from ``rng`` (the module docstring's model)."""
+    if cfg.kind == "none":
+        return np.zeros(n)
+    out = cfg.median_s * np.exp(cfg.sigma * rng.standard_normal(n))
+    if cfg.kind == "pareto":
+        tail = rng.random(n) < cfg.tail_prob
+        q95 = cfg.median_s * math.exp(Z95 * cfg.sigma)
+        u = 1.0 - rng.random(n)  # (0, 1]
+        out = np.where(tail, q95 * u ** (-1.0 / cfg.tail_alpha), out)
+    return np.minimum(out, cfg.max_s)
+
+
 class LatencyModel:
-    """Thread-safe sampler of call latencies (seconds)."""
+    """Thread-safe sampler of call latencies (seconds): :func:`draw` from one seeded stream."""
 
     def __init__(self, cfg: LatencyConfig) -> None:
         self.cfg = cfg
@@ -46,19 +59,8 @@ class LatencyModel:
         self._lock = threading.Lock()
 
     def sample(self, n: int | None = None) -> float | np.ndarray:
-        c = self.cfg
-        size = 1 if n is None else n
         with self._lock:
-            if c.kind == "none":
-                out = np.zeros(size)
-            else:
-                out = c.median_s * np.exp(c.sigma * self._rng.standard_normal(size))
-                if c.kind == "pareto":
-                    tail = self._rng.random(size) < c.tail_prob
-                    q95 = c.median_s * math.exp(Z95 * c.sigma)
-                    u = 1.0 - self._rng.random(size)  # (0, 1]
-                    out = np.where(tail, q95 * u ** (-1.0 / c.tail_alpha), out)
-        out = np.minimum(out, c.max_s)
+            out = draw(self.cfg, self._rng, 1 if n is None else n)
         return float(out[0]) if n is None else out
 
 

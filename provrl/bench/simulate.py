@@ -1,0 +1,374 @@
+"""Predict the async / sync wall-time ratio of an RL run before renting the cluster: a
+discrete-event simulation of the three roles — agent loops, engine replicas, trainer.
+
+What it models (docs/simulate.md)::
+
+    episode      c tool calls (uniform in tool_calls), c + 1 turns; turn j samples n_j tokens
+                 (uniform in tokens_per_turn); after every turn but the last, one tool call
+                 of latency L ~ env.search.latency (the Pareto-tailed model, presets fitted
+                 to published web-search APIs)
+    replica      continuous batching: one step samples one token for each of its b
+                 generating turns and takes  d(b) = step_s + row_s · b  seconds (× contention
+                 while the trainer runs on the same hardware); a turn that arrives during a
+                 step joins the next one. An episode stays on the replica it started on
+                 (its KV is there), the least-loaded one at its start
+    trainer      a step on B trajectories takes  train_fixed_s + train_per_traj_s · B;
+                 then every replica loads the new weights (load_s; at its next step
+                 boundary) before the trainer takes the next batch
+    sync         strict on-policy: start B episodes (≤ concurrency at once), wait for the
+                 last, train, drain-load; repeat
+    async        hot-load: keep up to `concurrency` episodes in flight while fewer than
+                 (1 + max_lag) · B are started and not yet trained (provrl.pipeline.admission);
+                 the trainer takes the first B finished episodes whenever it is free, drops
+                 those whose start version lags its own by more than max_lag
+
+Both modes train steps × B trajectories, drawn in the same order from the same seeded
+streams (episode i is the same episode in both: common random numbers), and their wall time
+ends when the last step's weights are loaded. Everything is deterministic given the seed.
+"""
+
+from __future__ import annotations
+
+import heapq
+import itertools
+from collections import deque
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+import numpy as np
+
+from provrl.env.config import LatencyConfig
+from provrl.env.latency import draw, quantile
+
+Mode = Literal["sync", "async"]
+LatencySampler = Callable[[np.random.Generator, int], np.ndarray]
+"""``(rng, n) → n`` tool-call latencies in seconds."""
+
+
+@dataclass(frozen=True)
+class Workload:
+    """Everything :func:`simulate` needs besides the mode (module docstring's symbols)."""
+
+    concurrency: int
+    batch: int
+    replicas: int
+    steps: int
+    tool_calls: tuple[int, int]
+    tokens_per_turn: tuple[int, int]
+    latency: LatencySampler
+    step_s: float
+    row_s: float
+    train_fixed_s: float
+    train_per_traj_s: float
+    load_s: float
+    max_lag: int = 1
+    contention: float = 1.0
+    seed: int = 0
+
+
+@dataclass
+class Episode:
+    i: int
+    replica: int
+    start_version: int
+    turn_tokens: list[int]
+    latencies: list[float]
+    turn: int = 0
+
+
+@dataclass
+class Replica:
+    ends: list[tuple[int, int]] = field(default_factory=list)
+    """The generating turns: a heap of (the step count at which the turn's last token is
+    sampled, episode). Every step samples one token of each, so a turn of n tokens that
+    joins when the count is k ends at k + n."""
+    joining: list[int] = field(default_factory=list)
+    """Turns that arrived during a step or a swap (they join at its end)."""
+    steps: int = 0
+    busy: bool = False
+    swap_to: int | None = None
+    swapping: bool = False
+    version: int = 0
+    assigned: int = 0
+    busy_s: float = 0.0
+
+
+@dataclass(frozen=True)
+class Outcome:
+    """One simulated run."""
+
+    wall_s: float
+    trained: int
+    engine_busy_frac: float
+    trainer_busy_frac: float
+    dropped_stale: int
+    lag_hist: list[int]
+    episode_s_mean: float
+
+
+def episode_draw(w: Workload, i: int) -> tuple[list[int], list[float]]:
+    """Episode ``i``'s tokens per turn and tool latencies: from its own stream ``(seed, i)``,
+    so it is the same episode whichever mode and order it runs in."""
+    rng = np.random.default_rng([w.seed, i])
+    calls = int(rng.integers(w.tool_calls[0], w.tool_calls[1] + 1))
+    lo, hi = w.tokens_per_turn
+    tokens = [int(x) for x in rng.integers(lo, hi + 1, calls + 1)]
+    return tokens, [float(x) for x in w.latency(rng, calls)]
+
+
+def simulate(w: Workload, mode: Mode) -> Outcome:
+    """Run ``w`` in ``mode`` to the load of its last step's weights (module docstring)."""
+    if w.batch < 1 or w.concurrency < 1 or w.replicas < 1 or w.steps < 1:
+        raise ValueError("simulate: batch, concurrency, replicas and steps must be ≥ 1")
+    events: list[tuple[float, int, str, int]] = []
+    seq = itertools.count()
+    reps = [Replica() for _ in range(w.replicas)]
+    eps: dict[int, Episode] = {}
+    ready: deque[int] = deque()  # finished, not yet trained (in finishing order)
+    t = 0.0
+    started = in_flight = outstanding = 0
+    step_started = 0  # sync: episodes started for the step in progress
+    version = 0  # the trainer's
+    steps_done = dropped = 0
+    training = loading = False
+    trainer_busy = 0.0
+    lags: list[int] = []
+    durations: list[float] = []
+    start_t: dict[int, float] = {}
+
+    def push(at: float, kind: str, who: int) -> None:
+        heapq.heappush(events, (at, next(seq), kind, who))
+
+    def begin_turn(e: Episode) -> None:
+        r = reps[e.replica]
+        if r.busy:
+            r.joining.append(e.i)
+        else:
+            heapq.heappush(r.ends, (r.steps + e.turn_tokens[e.turn], e.i))
+
+    def join(r: Replica) -> None:
+        for i in r.joining:
+            e = eps[i]
+            heapq.heappush(r.ends, (r.steps + e.turn_tokens[e.turn], i))
+        r.joining.clear()
+
+    def may_start() -> bool:
+        if in_flight >= w.concurrency:
+            return False
+        if mode == "sync":
+            return not training and not loading and step_started < w.batch
+        return outstanding < (1 + w.max_lag) * w.batch
+
+    def admit() -> None:
+        nonlocal started, in_flight, outstanding, step_started
+        while may_start():
+            r = min(range(w.replicas), key=lambda j: (reps[j].assigned, j))
+            tokens, lat = episode_draw(w, started)
+            e = Episode(started, r, reps[r].version, tokens, lat)
+            eps[e.i] = e
+            start_t[e.i] = t
+            reps[r].assigned += 1
+            started += 1
+            in_flight += 1
+            outstanding += 1
+            step_started += 1
+            begin_turn(e)
+
+    def start_training() -> None:
+        nonlocal training, trainer_busy, dropped, outstanding
+        if training or loading or steps_done >= w.steps:
+            return
+        if mode == "sync":
+            if step_started < w.batch or in_flight or len(ready) < w.batch:
+                return
+        else:
+            while ready and version - eps[ready[0]].start_version > w.max_lag:
+                ready.popleft()  # too stale for this step: dropped, counted
+                dropped += 1
+                outstanding -= 1
+            if len(ready) < w.batch:
+                return
+        batch = [ready.popleft() for _ in range(w.batch)]
+        lags.extend(version - eps[i].start_version for i in batch)
+        training = True
+        dt = w.train_fixed_s + w.train_per_traj_s * w.batch
+        trainer_busy += dt
+        push(t + dt, "trained", len(batch))
+
+    def run_replicas() -> None:
+        for j, r in enumerate(reps):
+            if r.busy:
+                continue
+            if r.swap_to is not None:
+                r.busy = r.swapping = True
+                push(t + w.load_s, "swapped", j)
+            elif r.ends:
+                r.busy = True
+                d = w.step_s + w.row_s * len(r.ends)
+                d *= w.contention if training else 1.0
+                r.busy_s += d
+                push(t + d, "step", j)
+
+    def settle() -> None:
+        admit()
+        start_training()
+        run_replicas()
+
+    def handle(kind: str, who: int) -> None:
+        """One event at time t."""
+        nonlocal in_flight, training, loading, outstanding, version, steps_done, step_started
+        if kind == "step":
+            r = reps[who]
+            r.busy = False
+            r.steps += 1
+            while r.ends and r.ends[0][0] <= r.steps:
+                e = eps[heapq.heappop(r.ends)[1]]
+                if e.turn < len(e.latencies):
+                    push(t + e.latencies[e.turn], "tool", e.i)
+                    e.turn += 1
+                else:  # the answer turn: the episode is done
+                    durations.append(t - start_t[e.i])
+                    in_flight -= 1
+                    r.assigned -= 1
+                    ready.append(e.i)
+            join(r)
+        elif kind == "tool":
+            begin_turn(eps[who])
+        elif kind == "trained":
+            training, loading = False, True
+            outstanding -= who
+            for r in reps:
+                r.swap_to = version + 1
+        elif kind == "swapped":
+            r = reps[who]
+            r.version, r.swap_to = version + 1, None
+            r.busy = r.swapping = False
+            join(r)
+            if all(x.swap_to is None and not x.swapping for x in reps):
+                loading = False
+                version += 1
+                steps_done += 1
+                step_started = 0
+
+    settle()
+    while events and steps_done < w.steps:
+        t = events[0][0]
+        while events and events[0][0] == t:  # simultaneous events first, then decisions
+            _, _, kind, who = heapq.heappop(events)
+            handle(kind, who)
+        if steps_done < w.steps:
+            settle()
+    if steps_done < w.steps:
+        raise RuntimeError(f"simulate: stalled after {steps_done} of {w.steps} steps")
+    return Outcome(
+        wall_s=t,
+        trained=len(lags),
+        engine_busy_frac=sum(r.busy_s for r in reps) / (w.replicas * t),
+        trainer_busy_frac=trainer_busy / t,
+        dropped_stale=dropped,
+        lag_hist=[lags.count(k) for k in range(w.max_lag + 1)],
+        episode_s_mean=float(np.mean(durations)),
+    )
+
+
+# ----------------------------------------------------------------------------- the grid
+def latency_sampler(cfg: LatencyConfig) -> LatencySampler:
+    """The tool-latency sampler of ``cfg`` (:func:`provrl.env.latency.draw`)."""
+    return lambda rng, n: draw(cfg, rng, n)
+
+
+def run_grid(
+    *,
+    concurrency: Sequence[int],
+    replicas: Sequence[int],
+    batch: int,
+    seeds: int,
+    latency: LatencyConfig,
+    progress: Callable[[str], None] | None = None,
+    **workload: Any,
+) -> dict[str, Any]:
+    """:func:`simulate` both modes at every (replicas, concurrency) point, ``seeds`` seeds
+    each; ``batch`` 0 = B equals the concurrency. Per point: each mode's median wall time,
+    trajectories/s, engine and trainer busy fractions (per-seed values in ``*_all``), and
+    the median over seeds of the per-seed ratio ``wall_ratio_async_over_sync``."""
+    sampler = latency_sampler(latency)
+    points: dict[str, dict[str, Any]] = {}
+    for n in replicas:
+        row: dict[str, Any] = {}
+        for e in concurrency:
+            b = batch or e
+            per: dict[str, list[Outcome]] = {"sync": [], "async": []}
+            for s in range(seeds):
+                w = Workload(concurrency=e, batch=b, replicas=n, latency=sampler, seed=s,
+                             **workload)  # fmt: skip
+                for mode in ("sync", "async"):
+                    per[mode].append(simulate(w, mode))  # type: ignore[arg-type]
+            ratios = [a.wall_s / s_.wall_s for a, s_ in zip(per["async"], per["sync"], strict=True)]
+            row[f"E{e}"] = {
+                "concurrency": e,
+                "batch": b,
+                "replicas": n,
+                **{mode: _summary(outs) for mode, outs in per.items()},
+                "wall_ratio_async_over_sync": float(np.median(ratios)),
+                "wall_ratio_all": ratios,
+            }
+            if progress is not None:
+                progress(f"N={n} E={e}: async/sync {np.median(ratios):.3f}")
+        points[f"N{n}"] = row
+    return {
+        "latency": {f"p{q:g}": quantile(latency, q / 100) for q in (50, 95, 99, 99.9)}
+        | {"kind": latency.kind},
+        "points": points,
+    }
+
+
+def _summary(outs: Sequence[Outcome]) -> dict[str, Any]:
+    wall = [o.wall_s for o in outs]
+    return {
+        "wall_s": float(np.median(wall)),
+        "wall_s_all": wall,
+        "trajectories_per_s": float(np.median([o.trained / o.wall_s for o in outs])),
+        "engine_busy_frac": float(np.median([o.engine_busy_frac for o in outs])),
+        "trainer_busy_frac": float(np.median([o.trainer_busy_frac for o in outs])),
+        "episode_s_mean": float(np.median([o.episode_s_mean for o in outs])),
+        "dropped_stale": sum(o.dropped_stale for o in outs),
+        "lag_hist": [sum(h) for h in zip(*(o.lag_hist for o in outs), strict=True)],
+    }
+
+
+def plot(result: dict[str, Any], path: str) -> None:
+    """The predicted curve: async / sync wall ratio against concurrency, one line per replica
+    count (left), and each mode's trajectories/s (right)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, (a, b) = plt.subplots(1, 2, figsize=(10, 4))
+    for key, row in result["points"].items():
+        pts = sorted(row.values(), key=lambda p: p["concurrency"])
+        xs = [p["concurrency"] for p in pts]
+        line = a.plot(
+            xs, [p["wall_ratio_async_over_sync"] for p in pts], "o-", label=f"{key[1:]} replicas"
+        )
+        c = line[0].get_color()
+        b.plot(xs, [p["async"]["trajectories_per_s"] for p in pts], "o-", color=c,
+               label=f"async, {key[1:]} replicas")  # fmt: skip
+        b.plot(xs, [p["sync"]["trajectories_per_s"] for p in pts], "s--", color=c,
+               label=f"sync, {key[1:]} replicas")  # fmt: skip
+    a.axhline(1.0, color="grey", lw=0.8)
+    a.axhline(0.5, color="grey", lw=0.8, ls=":")
+    for ax in (a, b):
+        ax.set_xscale("log", base=2)
+        ax.set_xlabel("concurrent episodes (= trajectories per step)")
+    a.set_ylabel("wall time, async / sync")
+    a.set_title("predicted async / sync wall ratio")
+    b.set_yscale("log")
+    b.set_ylabel("trajectories / s")
+    b.set_title("predicted throughput")
+    a.legend(fontsize=8)
+    b.legend(fontsize=7, ncol=2)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
