@@ -25,6 +25,9 @@ What it models (docs/simulate.md)::
 Both modes train steps × B trajectories, drawn in the same order from the same seeded
 streams (episode i is the same episode in both: common random numbers), and their wall time
 ends when the last step's weights are loaded. Everything is deterministic given the seed.
+The first step of async is a sync step (nothing overlaps it yet), so besides the whole-run
+ratio the grid reports the *steady* ratio: seconds per step after the first, async over
+sync — what a run of many steps approaches.
 """
 
 from __future__ import annotations
@@ -99,6 +102,8 @@ class Outcome:
     """One simulated run."""
 
     wall_s: float
+    loaded_at: list[float]
+    """When each step's weights were loaded on every replica (the last is ``wall_s``)."""
     trained: int
     engine_busy_frac: float
     trainer_busy_frac: float
@@ -134,6 +139,7 @@ def simulate(w: Workload, mode: Mode) -> Outcome:
     training = loading = False
     trainer_busy = 0.0
     lags: list[int] = []
+    loaded_at: list[float] = []
     durations: list[float] = []
     start_t: dict[int, float] = {}
 
@@ -250,6 +256,7 @@ def simulate(w: Workload, mode: Mode) -> Outcome:
                 version += 1
                 steps_done += 1
                 step_started = 0
+                loaded_at.append(t)
 
     settle()
     while events and steps_done < w.steps:
@@ -263,6 +270,7 @@ def simulate(w: Workload, mode: Mode) -> Outcome:
         raise RuntimeError(f"simulate: stalled after {steps_done} of {w.steps} steps")
     return Outcome(
         wall_s=t,
+        loaded_at=loaded_at,
         trained=len(lags),
         engine_busy_frac=sum(r.busy_s for r in reps) / (w.replicas * t),
         trainer_busy_frac=trainer_busy / t,
@@ -304,7 +312,10 @@ def run_grid(
                              **workload)  # fmt: skip
                 for mode in ("sync", "async"):
                     per[mode].append(simulate(w, mode))  # type: ignore[arg-type]
-            ratios = [a.wall_s / s_.wall_s for a, s_ in zip(per["async"], per["sync"], strict=True)]
+            pairs = list(zip(per["async"], per["sync"], strict=True))
+            ratios = [a.wall_s / s_.wall_s for a, s_ in pairs]
+            many = len(pairs[0][0].loaded_at) > 1
+            steady = [_steady_s(a) / _steady_s(s_) for a, s_ in pairs] if many else []
             row[f"E{e}"] = {
                 "concurrency": e,
                 "batch": b,
@@ -312,6 +323,8 @@ def run_grid(
                 **{mode: _summary(outs) for mode, outs in per.items()},
                 "wall_ratio_async_over_sync": float(np.median(ratios)),
                 "wall_ratio_all": ratios,
+                "steady_ratio_async_over_sync": float(np.median(steady)) if steady else None,
+                "steady_ratio_all": steady,
             }
             if progress is not None:
                 progress(f"N={n} E={e}: async/sync {np.median(ratios):.3f}")
@@ -323,11 +336,19 @@ def run_grid(
     }
 
 
+def _steady_s(o: Outcome) -> float:
+    """Seconds per step after the first (the first step of async fills the pipeline)."""
+    return (o.loaded_at[-1] - o.loaded_at[0]) / (len(o.loaded_at) - 1)
+
+
 def _summary(outs: Sequence[Outcome]) -> dict[str, Any]:
     wall = [o.wall_s for o in outs]
     return {
         "wall_s": float(np.median(wall)),
         "wall_s_all": wall,
+        "steady_step_s": float(np.median([_steady_s(o) for o in outs]))
+        if len(outs[0].loaded_at) > 1
+        else None,
         "trajectories_per_s": float(np.median([o.trained / o.wall_s for o in outs])),
         "engine_busy_frac": float(np.median([o.engine_busy_frac for o in outs])),
         "trainer_busy_frac": float(np.median([o.trainer_busy_frac for o in outs])),
@@ -349,19 +370,22 @@ def plot(result: dict[str, Any], path: str) -> None:
     for key, row in result["points"].items():
         pts = sorted(row.values(), key=lambda p: p["concurrency"])
         xs = [p["concurrency"] for p in pts]
-        line = a.plot(
-            xs, [p["wall_ratio_async_over_sync"] for p in pts], "o-", label=f"{key[1:]} replicas"
-        )
+        n = key[1:]
+        line = a.plot(xs, [p["wall_ratio_async_over_sync"] for p in pts], "o-",
+                      label=f"{n} replicas, whole run")  # fmt: skip
         c = line[0].get_color()
+        if pts[0]["steady_ratio_async_over_sync"] is not None:
+            a.plot(xs, [p["steady_ratio_async_over_sync"] for p in pts], "^:", color=c,
+                   label=f"{n} replicas, per step after the first")  # fmt: skip
         b.plot(xs, [p["async"]["trajectories_per_s"] for p in pts], "o-", color=c,
-               label=f"async, {key[1:]} replicas")  # fmt: skip
+               label=f"async, {n} replicas")  # fmt: skip
         b.plot(xs, [p["sync"]["trajectories_per_s"] for p in pts], "s--", color=c,
-               label=f"sync, {key[1:]} replicas")  # fmt: skip
+               label=f"sync, {n} replicas")  # fmt: skip
     a.axhline(1.0, color="grey", lw=0.8)
     a.axhline(0.5, color="grey", lw=0.8, ls=":")
     for ax in (a, b):
         ax.set_xscale("log", base=2)
-        ax.set_xlabel("concurrent episodes (= trajectories per step)")
+        ax.set_xlabel("concurrent episodes")
     a.set_ylabel("wall time, async / sync")
     a.set_title("predicted async / sync wall ratio")
     b.set_yscale("log")

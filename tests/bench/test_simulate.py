@@ -29,6 +29,7 @@ def test_sync_by_hand():
     train 0.4375 s, drain-load 0.25 s: 3.6875 s a step, 7.375 s for two."""
     out = simulate(HAND, "sync")
     assert out.wall_s == 7.375 and out.trained == 4 and out.lag_hist == [4, 0]
+    assert out.loaded_at == [3.6875, 7.375]
     assert out.trainer_busy_frac == 2 * 0.4375 / 7.375
     assert out.engine_busy_frac == 2 * 16 * 0.125 / 7.375
 
@@ -40,7 +41,7 @@ def test_async_by_hand():
     tokens → 4.25 s, tool → 5.25 s, 8 tokens → 6.25 s. Episodes 5-6 start then; the trainer
     runs 6.25 → 6.6875 s, the load waits for the boundary at 6.75 s: 7.0 s."""
     out = simulate(HAND, "async")
-    assert out.wall_s == 7.0 and out.trained == 4
+    assert out.wall_s == 7.0 and out.trained == 4 and out.loaded_at == [3.75, 7.0]
     assert out.lag_hist == [2, 2]  # episodes 3-4 started under version 0, trained by step 2
     assert out.episode_s_mean == (3 + 3 + 3.25 + 3.25) / 4  # 3-4 lost the 0.25 s pause
 
