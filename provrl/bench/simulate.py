@@ -370,17 +370,17 @@ def plot(result: dict[str, Any], path: str) -> None:
     for key, row in result["points"].items():
         pts = sorted(row.values(), key=lambda p: p["concurrency"])
         xs = [p["concurrency"] for p in pts]
-        n = key[1:]
+        n = key[1:] + (" replica" if key == "N1" else " replicas")
         line = a.plot(xs, [p["wall_ratio_async_over_sync"] for p in pts], "o-",
-                      label=f"{n} replicas, whole run")  # fmt: skip
+                      label=f"{n}, whole run")  # fmt: skip
         c = line[0].get_color()
         if pts[0]["steady_ratio_async_over_sync"] is not None:
             a.plot(xs, [p["steady_ratio_async_over_sync"] for p in pts], "^:", color=c,
-                   label=f"{n} replicas, per step after the first")  # fmt: skip
+                   label=f"{n}, per step after the first")  # fmt: skip
         b.plot(xs, [p["async"]["trajectories_per_s"] for p in pts], "o-", color=c,
-               label=f"async, {n} replicas")  # fmt: skip
+               label=f"async, {n}")  # fmt: skip
         b.plot(xs, [p["sync"]["trajectories_per_s"] for p in pts], "s--", color=c,
-               label=f"sync, {n} replicas")  # fmt: skip
+               label=f"sync, {n}")  # fmt: skip
     a.axhline(1.0, color="grey", lw=0.8)
     a.axhline(0.5, color="grey", lw=0.8, ls=":")
     for ax in (a, b):
@@ -391,7 +391,7 @@ def plot(result: dict[str, Any], path: str) -> None:
     b.set_yscale("log")
     b.set_ylabel("trajectories / s")
     b.set_title("predicted throughput")
-    a.legend(fontsize=8)
+    a.legend(fontsize=8, loc="upper left")
     b.legend(fontsize=7, ncol=2)
     fig.tight_layout()
     fig.savefig(path, dpi=110)
