@@ -41,7 +41,7 @@ from typing import Any, Literal
 
 import numpy as np
 
-from provrl.env.config import LatencyConfig
+from provrl.env.config import LATENCY_PRESETS, LatencyConfig
 from provrl.env.latency import draw, quantile
 
 Mode = Literal["sync", "async"]
@@ -299,7 +299,8 @@ def run_grid(
     """:func:`simulate` both modes at every (replicas, concurrency) point, ``seeds`` seeds
     each; ``batch`` 0 = B equals the concurrency. Per point: each mode's median wall time,
     trajectories/s, engine and trainer busy fractions (per-seed values in ``*_all``), and
-    the median over seeds of the per-seed ratio ``wall_ratio_async_over_sync``."""
+    the median over seeds of the per-seed ratio ``wall_ratio_async_over_sync``; also the
+    quantiles of the latency model and of every ``env.search.latency.preset``."""
     sampler = latency_sampler(latency)
     points: dict[str, dict[str, Any]] = {}
     for n in replicas:
@@ -330,10 +331,18 @@ def run_grid(
                 progress(f"N={n} E={e}: async/sync {np.median(ratios):.3f}")
         points[f"N{n}"] = row
     return {
-        "latency": {f"p{q:g}": quantile(latency, q / 100) for q in (50, 95, 99, 99.9)}
-        | {"kind": latency.kind},
+        "latency": quantiles(latency) | {"kind": latency.kind},
+        "presets": {
+            name: quantiles(LatencyConfig(preset=name))  # type: ignore[arg-type]
+            for name in LATENCY_PRESETS
+        },
         "points": points,
     }
+
+
+def quantiles(cfg: LatencyConfig) -> dict[str, float]:
+    """p50, p95, p99 and p99.9 (as ``p999``) of the latency model ``cfg``, exactly."""
+    return {f"p{q:g}".replace(".", ""): quantile(cfg, q / 100) for q in (50, 95, 99, 99.9)}
 
 
 def _steady_s(o: Outcome) -> float:

@@ -104,4 +104,5 @@ def test_bench_simulate_writes_a_complete_record(tmp_path):
     )
     assert rec["config"]["latency"]["median_s"] == 0.246  # the preset's fitted median
     assert rec["latency"]["p50"] == pytest.approx(0.25, rel=5e-3)
+    assert rec["presets"]["web-serp"]["p95"] == pytest.approx(3.5, rel=5e-3)
     assert png.stat().st_size > 0
