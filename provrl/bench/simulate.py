@@ -90,7 +90,9 @@ class Replica:
     """Turns that arrived during a step or a swap (they join at its end)."""
     steps: int = 0
     busy: bool = False
-    swap_to: int | None = None
+    """Stepping or swapping."""
+    swap_pending: bool = False
+    """New weights wait for the current step to end."""
     swapping: bool = False
     version: int = 0
     assigned: int = 0
@@ -189,10 +191,11 @@ def simulate(w: Workload, mode: Mode) -> Outcome:
             if step_started < w.batch or in_flight or len(ready) < w.batch:
                 return
         else:
-            while ready and version - eps[ready[0]].start_version > w.max_lag:
-                ready.popleft()  # too stale for this step: dropped, counted
-                dropped += 1
-                outstanding -= 1
+            stale = [i for i in ready if version - eps[i].start_version > w.max_lag]
+            for i in stale:  # too stale for this step (the hard lag rule): dropped, counted
+                ready.remove(i)
+            dropped += len(stale)
+            outstanding -= len(stale)
             if len(ready) < w.batch:
                 return
         batch = [ready.popleft() for _ in range(w.batch)]
@@ -200,13 +203,14 @@ def simulate(w: Workload, mode: Mode) -> Outcome:
         training = True
         dt = w.train_fixed_s + w.train_per_traj_s * w.batch
         trainer_busy += dt
-        push(t + dt, "trained", len(batch))
+        push(t + dt, "trained", 0)
 
     def run_replicas() -> None:
         for j, r in enumerate(reps):
             if r.busy:
                 continue
-            if r.swap_to is not None:
+            if r.swap_pending:
+                r.swap_pending = False
                 r.busy = r.swapping = True
                 push(t + w.load_s, "swapped", j)
             elif r.ends:
@@ -243,16 +247,16 @@ def simulate(w: Workload, mode: Mode) -> Outcome:
             begin_turn(eps[who])
         elif kind == "trained":
             training, loading = False, True
-            outstanding -= who
             for r in reps:
-                r.swap_to = version + 1
+                r.swap_pending = True
         elif kind == "swapped":
             r = reps[who]
-            r.version, r.swap_to = version + 1, None
+            r.version = version + 1
             r.busy = r.swapping = False
             join(r)
-            if all(x.swap_to is None and not x.swapping for x in reps):
+            if not any(x.swap_pending or x.swapping for x in reps):
                 loading = False
+                outstanding -= w.batch  # as RLLoop.finish_step: no admission during a load
                 version += 1
                 steps_done += 1
                 step_started = 0

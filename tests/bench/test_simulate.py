@@ -67,6 +67,20 @@ def test_sync_is_the_slowest_episode_plus_train_and_load_each_step():
     assert a.trained == 12 and a.wall_s < expected
 
 
+@pytest.mark.parametrize("max_lag", [0, 1, 2])
+def test_async_never_trains_beyond_the_lag_bound(max_lag):
+    """Every trained episode's lag u − v is ≤ max_lag (the histogram counts 0 … max_lag);
+    max_lag 0 admits a batch only after the last one's weights are loaded: nothing stale."""
+    w = Workload(concurrency=16, batch=4, replicas=2, steps=5, tool_calls=(0, 10),
+                 tokens_per_turn=(4, 64), latency=latency_sampler(LatencyConfig(preset="web-serp")),
+                 step_s=0.01, row_s=0.001, train_fixed_s=3.0, train_per_traj_s=0.1, load_s=0.5,
+                 max_lag=max_lag, seed=11)  # fmt: skip
+    out = simulate(w, "async")
+    assert out.trained == 20 and sum(out.lag_hist) == 20
+    if max_lag == 0:
+        assert out.dropped_stale == 0
+
+
 def test_runs_are_deterministic_and_contention_slows_only_overlap():
     w = Workload(concurrency=8, batch=8, replicas=2, steps=2, tool_calls=(1, 6),
                  tokens_per_turn=(8, 32), latency=latency_sampler(LatencyConfig(preset="web-serp")),
