@@ -83,7 +83,8 @@ class LatencyConfig(Section):
         "",
         description="A web-search API's latency fitted to its published p50 / p95 "
         "(docs/env.md §3): web-fast, web-ai, web-serp; it sets kind, median_s, sigma, "
-        "tail_prob and tail_alpha, except those given explicitly. '' = the fields as given.",
+        "tail_prob and tail_alpha, except those given explicitly (when the config is read: "
+        "a file, --set, a flag; not on assignment). '' = the fields as given.",
     )
     kind: Literal["none", "lognormal", "pareto"] = Field(
         "none", description="none; lognormal(median, sigma); or lognormal body + Pareto tail."
