@@ -18,6 +18,8 @@ logprobs.py            chunked vs full teacher-forced logprobs: time    provrl b
                        and peak memory (docs/objectives.md)             benchmarks/logprobs.py
 async_vs_sync.py       async (hot-load) vs sync RL at equal samples     benchmarks/async_vs_sync.py
                        (docs/pipeline.md)
+simulate.py            predicted async / sync wall ratio at scale: a    provrl bench simulate,
+                       discrete-event simulation (docs/simulate.md)     benchmarks/simulate.py
 replicas.py            one engine vs Ray replicas; hot-load schedules;  benchmarks/replicas.py
                        a replica killed (docs/distributed.md)
 retrieve_load.py       ``/retrieve`` under load, clean and hostile      benchmarks/retrieve_load.py

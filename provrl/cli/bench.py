@@ -1,4 +1,5 @@
-"""``provrl bench engine | search | log | logprobs | trainer``: each prints one JSON object.
+"""``provrl bench engine | search | log | logprobs | trainer | learning | simulate``: each prints
+one JSON object.
 
 Every command takes ``--config FILE`` / ``--set bench.NAME.key=value``; its flags are
 generated from :mod:`provrl.run_config.bench` (:mod:`provrl.cli.options`). ``--out FILE``
@@ -22,6 +23,7 @@ from provrl.run_config.bench import (
     LogBenchConfig,
     LogprobBenchConfig,
     SearchBenchConfig,
+    SimulateBenchConfig,
     TrainerBenchConfig,
 )
 from provrl.run_config.run import RunConfig
@@ -202,3 +204,29 @@ def bench_learning(
         progress=_progress("learning"),
     )
     _emit(res, as_json, out, name="learning", config=c, seeds=list(range(c.seeds)))
+
+
+@app.command("simulate")
+@config_options(
+    {k: v for k, v in _flags("simulate", SimulateBenchConfig).items() if k != "latency"}
+)  # latency: --set bench.simulate.latency.preset=web-serp (or its other fields)
+def bench_simulate(cfg: RunConfig, out: OutOpt = None, as_json: JsonOpt = False) -> None:
+    """Predicted async / sync wall-time ratio at each concurrency and replica count: a
+    discrete-event simulation from tool latency, episode lengths, engine and trainer step
+    times (docs/simulate.md); --plot PATH draws the curve."""
+    from provrl.bench.simulate import plot, run_grid
+
+    c = cfg.bench.simulate
+    knobs = c.model_dump(exclude={"concurrency", "replicas", "batch", "seeds", "latency", "plot"})
+    result = run_grid(
+        concurrency=c.concurrency,
+        replicas=c.replicas,
+        batch=c.batch,
+        seeds=c.seeds,
+        latency=c.latency,
+        progress=_progress("simulate", as_json),
+        **knobs,
+    )
+    if c.plot:
+        plot(result, c.plot)
+    _emit(result, as_json, out, name="simulate", config=c, seeds=list(range(c.seeds)))

@@ -11,6 +11,11 @@ in what happens to the KV caches of the requests alive across the swap::
                (kv_min = the new version again)
     drain      stop admitting; when no turn is generating, swap and evict every cache
                (strict on-policy: no old KV survives)
+
+Counters (``LocalEngine.stats()``): ``hotloads`` every swap; a drain also adds 1 to
+``drains`` and ``cache_resets``, the caches it dropped to ``drain_evictions`` and its wait
+for the in-flight turns to ``drain_wait_s`` — how a strict on-policy run is checked to have
+drained and reset every replica at every step.
 """
 
 from __future__ import annotations
@@ -111,8 +116,14 @@ def swap(
         for r in resident:
             r.kv_min = h.version
     elif h.mode == "drain":
-        for req in sched.resident():  # nothing is active now: idle or queued
+        resident = sched.resident()
+        for req in resident:  # nothing is active now: idle or queued
             sched.evict(req)  # reset the caches: no old KV survives the swap
+        c = sched.counters
+        c.drains += 1
+        c.cache_resets += 1
+        c.drain_evictions += len(resident)
+        c.drain_wait_s += t0 - h.t_call
     t1 = time.perf_counter()
     sched.counters.hotloads += 1
     sched.counters.recomputed_tokens += recomputed

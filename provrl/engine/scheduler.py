@@ -54,6 +54,16 @@ class EngineCounters:
     """Prefill tokens saved by copying a shared prefix from another slot."""
     evictions: int = 0
     hotloads: int = 0
+    drains: int = 0
+    """``drain`` hot-loads (strict on-policy): admission stopped, in-flight turns finished,
+    caches reset, then the swap."""
+    cache_resets: int = 0
+    """Hot-loads after which no KV of an older version survives in the replica (each drain)."""
+    drain_evictions: int = 0
+    """KV caches (resident requests, the prefix cache's donors) dropped by drains; also
+    counted in ``evictions``."""
+    drain_wait_s: float = 0.0
+    """Seconds drains waited, from ``load_weights`` to the swap, for in-flight turns."""
     recomputed_tokens: int = 0
     """KV positions re-prefilled by ``recompute`` hot-loads."""
     turns_finished: int = 0

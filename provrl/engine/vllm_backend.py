@@ -278,6 +278,9 @@ class VLLMEngine:
                 "prefix_hit_tokens",
                 "preemptions",
                 "hotloads",
+                "drains",
+                "cache_resets",
+                "drain_wait_s",
                 "recomputed_tokens",
                 "resubmitted",
                 "kv_unknown_tokens",
@@ -907,6 +910,10 @@ class VLLMEngine:
             with self._lock:
                 c = self._counters
                 c["hotloads"] += 1
+                c["drains"] += mode == "drain"
+                c["cache_resets"] += mode != "keep"  # pause_generation(clear_cache=True)
+                if mode == "drain":  # pause_generation(wait) returned: the in-flight finished
+                    c["drain_wait_s"] += t0 - t_call
                 c["recomputed_tokens"] += recomputed
                 c["hotload_pause_ms"] = (t0 - t_pause) * 1e3
                 c["hotload_reload_ms"] = (t1 - t0) * 1e3

@@ -57,9 +57,35 @@ class WorldConfig(Section):
     )
 
 
+LATENCY_PUBLISHED: dict[str, tuple[float, float, str]] = {
+    # preset → (p50 s, p95 s, the API whose published figures these are); sources: docs/env.md §3
+    "web-fast": (0.25, 0.70, "Brave Search API"),
+    "web-ai": (0.80, 2.20, "Tavily search API"),
+    "web-serp": (1.20, 3.50, "SerpAPI (Google results)"),
+}
+"""The published p50 / p95 each ``env.search.latency.preset`` is fitted to."""
+
+LATENCY_PRESETS: dict[str, dict[str, float | str]] = {
+    # fit_lognormal_pareto(p50, p95, tail_prob=0.02, tail_alpha=1.5, max_s=30), rounded to 3
+    # significant figures (tests/env/test_latency.py checks the fit). The Pareto tail (2 % of
+    # calls, α = 1.5) is an assumption: no source found publishes a p99 (docs/env.md §3).
+    "web-fast": {"kind": "pareto", "median_s": 0.246, "sigma": 0.571, "tail_prob": 0.02, "tail_alpha": 1.5},
+    "web-ai": {"kind": "pareto", "median_s": 0.789, "sigma": 0.56, "tail_prob": 0.02, "tail_alpha": 1.5},
+    "web-serp": {"kind": "pareto", "median_s": 1.18, "sigma": 0.594, "tail_prob": 0.02, "tail_alpha": 1.5},
+}  # fmt: skip
+"""``env.search.latency.preset`` → the fields it sets (:data:`LATENCY_PUBLISHED`)."""
+
+
 class LatencyConfig(Section):
     """A simulated network latency added to every search call (benchmarks, realism)."""
 
+    preset: Literal["", "web-fast", "web-ai", "web-serp"] = Field(
+        "",
+        description="A web-search API's latency fitted to its published p50 / p95 "
+        "(docs/env.md §3): web-fast, web-ai, web-serp; it sets kind, median_s, sigma, "
+        "tail_prob and tail_alpha, except those given explicitly (when the config is read: "
+        "a file, --set, a flag; not on assignment). '' = the fields as given.",
+    )
     kind: Literal["none", "lognormal", "pareto"] = Field(
         "none", description="none; lognormal(median, sigma); or lognormal body + Pareto tail."
     )
@@ -73,6 +99,14 @@ class LatencyConfig(Section):
     )
     max_s: float = Field(30.0, gt=0, description="Latencies are clipped to this many seconds.")
     seed: int = Field(0, description="Seed of the latency sampler.")
+
+    @model_validator(mode="before")
+    @classmethod
+    def _preset(cls, data: object) -> object:
+        """A preset's fields, under those given explicitly."""
+        if isinstance(data, dict) and data.get("preset") in LATENCY_PRESETS:
+            return {**LATENCY_PRESETS[data["preset"]], **data}
+        return data
 
 
 class SearchConfig(Section):

@@ -13,6 +13,7 @@ from typing import Any, Literal
 from pydantic import Field
 
 from provrl.config import Section
+from provrl.env.config import LatencyConfig
 
 
 class EngineBenchConfig(Section):
@@ -159,6 +160,54 @@ class LearningBenchConfig(Section):
     )
 
 
+class SimulateBenchConfig(Section):
+    """``provrl bench simulate``: predicted async / sync wall-time ratio of an RL run at scale
+    (a discrete-event simulation, provrl.bench.simulate; docs/simulate.md). Every timing is
+    an input: put your own measured figures in (the defaults are a sizing example)."""
+
+    concurrency: tuple[int, ...] = Field(
+        (8, 64, 512), description="Concurrent episodes (agent loops) at each point of the curve."
+    )
+    replicas: tuple[int, ...] = Field(
+        (1, 4, 16), description="Engine replica counts N: one curve each."
+    )
+    batch: int = Field(
+        0, ge=0, description="Trajectories per trainer step B; 0 = the point's concurrency."
+    )
+    steps: int = Field(4, ge=1, description="Trainer steps simulated (both modes train steps × B).")
+    seeds: int = Field(3, ge=1, description="Seeds per point (medians are reported).")
+    tool_calls: tuple[int, int] = Field(
+        (2, 32), description="Tool calls per episode, uniform in [min, max] (turns = calls + 1)."
+    )
+    tokens_per_turn: tuple[int, int] = Field(
+        (32, 256), description="Tokens sampled per assistant turn, uniform in [min, max]."
+    )
+    latency: LatencyConfig = Field(
+        default_factory=lambda: LatencyConfig(preset="web-ai"),
+        description="The tool-call latency model (env.search.latency's fields; default the "
+        "web-ai preset, fitted to a published web-search API's p50 / p95).",
+    )
+    step_s: float = Field(
+        0.012, gt=0, description="Engine step time at batch 0 (s): d(b) = step_s + row_s · b."
+    )
+    row_s: float = Field(1e-4, ge=0, description="Engine step time per generating sequence (s).")
+    train_fixed_s: float = Field(
+        10.0, ge=0, description="Trainer step time: train_fixed_s + train_per_traj_s · B (s)."
+    )
+    train_per_traj_s: float = Field(0.05, ge=0, description="Trainer seconds per trajectory.")
+    load_s: float = Field(
+        3.0, ge=0, description="Weight load on every replica after each step (s; pauses it)."
+    )
+    max_lag: int = Field(1, ge=0, description="async: staleness bound L (admission and drop).")
+    contention: float = Field(
+        1.0,
+        ge=1,
+        description="Engine step time multiplier while the trainer runs (1 = separate "
+        "hardware; about 2 when both share the same cores).",
+    )
+    plot: str = Field("", description="Also draw the predicted curve to this PNG ('' = no plot).")
+
+
 class BenchConfig(Section):
     """Every benchmark's settings (what ``provrl bench …`` runs)."""
 
@@ -177,4 +226,7 @@ class BenchConfig(Section):
     )
     learning: LearningBenchConfig = Field(
         default_factory=LearningBenchConfig, description="provrl bench learning."
+    )
+    simulate: SimulateBenchConfig = Field(
+        default_factory=SimulateBenchConfig, description="provrl bench simulate."
     )

@@ -181,6 +181,9 @@ def test_drain_finishes_in_flight_turns_on_the_old_weights(
     loader.join(120)
     (rep,) = reports
     assert rep.mode == "drain" and rep.in_flight == 5  # 4 generating + 1 between turns
+    c = eng.stats()  # one drain, which reset the caches of all 5 (finished, idle, queued)
+    assert (c["hotloads"], c["drains"], c["cache_resets"], c["drain_evictions"]) == (1, 1, 1, 5)
+    assert c["drain_wait_s"] > 0 and c["evictions"] >= 5
     outs = [f.result(timeout=10) for f in futs]
     assert all(o.finish_reason == "length" and (o.version == 0).all() for o in outs)
     late_out = late.result(timeout=60)
