@@ -1,4 +1,4 @@
-"""``provrl bench engine | search | log | logprobs | trainer | learning | simulate``: each prints
+"""``provrl bench engine | search | log | logprobs | trainer | learning | dev | simulate``: each prints
 one JSON object.
 
 Every command takes ``--config FILE`` / ``--set bench.NAME.key=value``; its flags are
@@ -18,6 +18,7 @@ import typer
 
 from provrl.cli.options import config_options
 from provrl.run_config.bench import (
+    DevBenchConfig,
     EngineBenchConfig,
     LearningBenchConfig,
     LogBenchConfig,
@@ -204,6 +205,32 @@ def bench_learning(
         progress=_progress("learning"),
     )
     _emit(res, as_json, out, name="learning", config=c, seeds=list(range(c.seeds)))
+
+
+@app.command("dev")
+@config_options(_flags("dev", DevBenchConfig))
+def bench_dev(cfg: RunConfig, out: OutOpt = None, as_json: JsonOpt = False) -> None:
+    """One dev-split run of a preset with overrides (or --from-run DIR): teacher calls per
+    tier, RL vs warm start per tier, mixed-version / zero-signal / distinct shares per step."""
+    from provrl.bench.dev import run_dev, summarize_run
+
+    c = cfg.bench.dev
+    if c.from_run:
+        res = {"benchmark": "dev", "name": c.name, **summarize_run(c.from_run)}
+        pinned = Path(c.from_run) / "config.yaml"
+        if pinned.is_file():
+            res["run_config"] = pinned.read_text()
+    else:
+        res = run_dev(
+            c.name,
+            c.preset,
+            c.overrides,
+            runs=c.runs,
+            shared=c.shared or None,
+            eval_n=c.eval_n,
+            eval_k=c.eval_k,
+        )
+    _emit(res, as_json, out, name="dev", config=c, seeds=[])
 
 
 @app.command("simulate")

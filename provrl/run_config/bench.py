@@ -160,6 +160,32 @@ class LearningBenchConfig(Section):
     )
 
 
+class DevBenchConfig(Section):
+    """``provrl bench dev``: one run of a preset on the dev split, summarised as the record
+    that chose a knob (provrl.bench.dev; docs/pipeline.md's knob table links these)."""
+
+    name: str = Field("run", description="The run's name: RUNS/NAME and its log RUNS/NAME.log.")
+    preset: str = Field("default", description="The preset run (a name in configs/ or a YAML).")
+    runs: str = Field("runs/dev", description="Directory of the dev runs (resumable).")
+    overrides: tuple[str, ...] = Field(
+        (), description="key=value overrides of the preset (like --set): the knobs compared."
+    )
+    shared: str = Field(
+        "",
+        description="A finished run whose world, warm start, probe and filter this run reuses "
+        "(only RL and eval run again); empty: its own.",
+    )
+    eval_n: int = Field(
+        0, ge=0, description="Dev tasks evaluated (0: every dev task of the tiers)."
+    )
+    eval_k: int = Field(2, ge=1, description="Samples per dev task.")
+    from_run: str = Field(
+        "",
+        description="Summarise this finished run directory (evaluated on dev: warmstart and rl) "
+        "instead of running one.",
+    )
+
+
 class SimulateBenchConfig(Section):
     """``provrl bench simulate``: predicted async / sync wall-time ratio of an RL run at scale
     (a discrete-event simulation, provrl.bench.simulate; docs/simulate.md). Every timing is
@@ -227,6 +253,7 @@ class BenchConfig(Section):
     learning: LearningBenchConfig = Field(
         default_factory=LearningBenchConfig, description="provrl bench learning."
     )
+    dev: DevBenchConfig = Field(default_factory=DevBenchConfig, description="provrl bench dev.")
     simulate: SimulateBenchConfig = Field(
         default_factory=SimulateBenchConfig, description="provrl bench simulate."
     )

@@ -1,0 +1,167 @@
+"""``provrl bench dev``: one dev-split run of a preset with overrides, summarised as the record
+that chose (or rejected) a knob — what docs/pipeline.md's knob table links to.
+
+A run is ``provrl run`` with ``pipeline.eval.split=dev`` and the warm start and RL policies
+evaluated on the same dev tasks and sampling seeds. Its summary holds, besides the run's
+wall time and peak RSS:
+
+* ``teacher``: the warm start's traces per tier — tool calls, the minimal searches of the
+  task's plan and the ratio (what the policy imitates: something to cut or not);
+* ``eval``: RL against the warm start on dev (:func:`provrl.bench.learning.compare`: paired
+  gain in points and its SE, the cut in tool calls per solved task, per tier), with both
+  policies' raw per-task accuracies;
+* ``rl``: per step and over the run, the share of trained trajectories spanning ≥ 2
+  versions, the zero-signal share of finished groups, the distinct-sample share of the
+  batch, the KV-staleness share; the raw step records' scalars.
+
+Several runs may share their world, warm start, probe and filter (``shared``): only the RL
+stage and the eval run again, as in ``provrl bench learning``.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from provrl.bench.learning import SHARED_STAGES, _eval_summary, _link_shared, _run, compare
+from provrl.trajlog import read_all
+
+STEP_KEYS = (
+    "step",
+    "version",
+    "accuracy",
+    "tool_calls",
+    "mixed_version_trajectories",
+    "zero_signal_share",
+    "finished_groups",
+    "distinct_share",
+    "kv_stale_share",
+    "max_lag",
+    "entropy",
+    "step_s",
+)
+"""Scalars of each step record kept in the summary (those a step record has)."""
+
+
+def teacher_calls(teacher_file: Path) -> dict[str, Any]:
+    """Per tier: the warm start's traces, their tool calls (mean, quartiles, max), the
+    plan's minimal searches and the mean ratio calls / minimum."""
+    by_tier: dict[int, list[tuple[float, float, float]]] = {}
+    for t in read_all(teacher_file):
+        m = t.metrics
+        by_tier.setdefault(int(m.get("tier", 0)), []).append(
+            (
+                float(m.get("num_tool_calls", 0.0)),
+                float(m.get("min_searches", math.nan)),
+                float(m.get("exact_match", 0.0)),
+            )
+        )
+    out: dict[str, Any] = {}
+    for tier, rows in sorted(by_tier.items()):
+        calls = np.array([r[0] for r in rows])
+        mins = np.array([r[1] for r in rows])
+        ratio = calls / np.where(mins > 0, mins, np.nan)
+        out[str(tier)] = {
+            "traces": len(rows),
+            "correct_frac": float(np.mean([r[2] for r in rows])),
+            "tool_calls_mean": float(calls.mean()),
+            "tool_calls_quartiles": [float(q) for q in np.percentile(calls, [25, 50, 75])],
+            "tool_calls_max": float(calls.max()),
+            "min_searches_mean": float(np.nanmean(mins)) if np.isfinite(mins).any() else math.nan,
+            "calls_over_min": float(np.nanmean(ratio)) if np.isfinite(ratio).any() else math.nan,
+        }
+    return out
+
+
+def rl_summary(rl_dir: Path) -> dict[str, Any]:
+    """Over the run and per step: mixed-version, zero-signal, distinct and KV-stale shares."""
+    recs = [json.loads(x) for x in (rl_dir / "steps.jsonl").read_text().splitlines() if x.strip()]
+    trained = sum(len(r.get("trained", [])) for r in recs)
+    mixed = sum(int(r.get("mixed_version_trajectories", 0)) for r in recs)
+    finished = sum(int(r.get("finished_groups", 0)) for r in recs)
+    zero = sum(int(r.get("zero_signal_groups", 0)) for r in recs)
+
+    def mean(key: str) -> float:
+        xs = [float(r[key]) for r in recs if key in r]
+        return float(np.mean(xs)) if xs else math.nan
+
+    return {
+        "steps": len(recs),
+        "trained_trajectories": trained,
+        "mixed_version_frac": mixed / trained if trained else 0.0,
+        "steps_with_mixed": sum(int(r.get("mixed_version_trajectories", 0)) > 0 for r in recs),
+        "zero_signal_share": zero / finished if finished else math.nan,
+        "distinct_share_mean": mean("distinct_share"),
+        "kv_stale_share_mean": mean("kv_stale_share"),
+        "per_step": [{k: r[k] for k in STEP_KEYS if k in r} for r in recs],
+    }
+
+
+def summarize_run(run_dir: str | Path) -> dict[str, Any]:
+    """The dev record of a finished run directory (eval of warmstart and rl on dev)."""
+    d = Path(run_dir)
+    warm = _eval_summary(d / "eval" / "warmstart")
+    rl = _eval_summary(d / "eval" / "rl")
+    out: dict[str, Any] = {
+        "run_dir": str(d),
+        "teacher": teacher_calls(d / "warmstart" / "teacher.jsonl"),
+        "eval": {
+            **compare(warm, rl),
+            "warmstart_accuracy": warm["accuracy"],
+            "rl_accuracy": rl["accuracy"],
+            "warmstart_tool_calls_solved": warm["tool_calls_solved"],
+            "rl_tool_calls_solved": rl["tool_calls_solved"],
+            "warmstart_task_accuracy": warm["task_accuracy"],
+            "rl_task_accuracy": rl["task_accuracy"],
+        },
+        "rl": rl_summary(d / "rl"),
+    }
+    filt = d / "filter" / "done.json"
+    if filt.is_file():
+        out["filter"] = json.loads(filt.read_text())
+    return out
+
+
+def run_dev(
+    name: str,
+    preset: str = "default",
+    overrides: Sequence[str] = (),
+    *,
+    runs: str | Path = "runs/dev",
+    shared: str | Path | None = None,
+    eval_n: int = 0,
+    eval_k: int = 2,
+) -> dict[str, Any]:
+    """Run (or resume) ``RUNS/NAME``: the preset with ``overrides`` on the dev split, then
+    :func:`summarize_run`. ``shared``: a finished run whose world, warm start, probe and
+    filter are reused (linked) — only RL and eval run again."""
+    d = Path(runs).resolve() / name
+    d.mkdir(parents=True, exist_ok=True)
+    if shared is not None:
+        _link_shared(Path(shared).resolve(), d)
+    args = ["run", "--preset", preset, "--no-progress"]
+    args += [a for o in overrides for a in ("--set", o)]
+    for o in (
+        f"logging.run_dir={d}",
+        "pipeline.eval.split=dev",
+        "pipeline.eval.policies=[warmstart,rl]",
+        f"pipeline.tasks.eval={eval_n}",
+        f"pipeline.eval.k={eval_k}",
+    ):
+        args += ["--set", o]
+    usage = _run(args, d.parent / f"{name}.log")
+    return {
+        "benchmark": "dev",
+        "name": name,
+        "preset": preset,
+        "overrides": list(overrides),
+        "shared": str(shared) if shared is not None else None,
+        "shared_stages": list(SHARED_STAGES) if shared is not None else [],
+        **usage,
+        **summarize_run(d),
+    }

@@ -1,0 +1,93 @@
+"""``provrl bench dev``'s summary of a run directory: the teacher's calls per tier, RL vs warm
+start on dev, and the per-step shares, computed from the run's own files."""
+
+from __future__ import annotations
+
+import json
+import math
+
+import pytest
+
+from provrl.bench.dev import rl_summary, summarize_run, teacher_calls
+from provrl.provenance import TrajectoryBuilder
+from provrl.trajlog import TrajectoryWriter
+
+
+def _traj(tid: str, task: str, **metrics: float):
+    b = TrajectoryBuilder(tid, task)
+    b.add_prompt([1, 2, 3])
+    b.add_actions([4, 5], logprob=[-0.1, -0.2], kept_mass=[1.0, 1.0], version=[0, 0],
+                  kv_min=[0, 0], kv_max=[0, 0], replica=0)  # fmt: skip
+    t = b.build()
+    t.metrics.update(metrics)
+    t.reward = float(metrics.get("exact_match", 0.0))
+    return t
+
+
+def _write(path, trajs):
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with TrajectoryWriter(path) as w:
+        for t in trajs:
+            w.write(t)
+
+
+def test_teacher_calls_per_tier(tmp_path):
+    f = tmp_path / "teacher.jsonl"
+    _write(f, [
+        _traj("a", "t1", tier=1, num_tool_calls=2, min_searches=1, exact_match=1),
+        _traj("b", "t2", tier=1, num_tool_calls=4, min_searches=1, exact_match=1),
+        _traj("c", "t3", tier=2, num_tool_calls=3, min_searches=2, exact_match=0),
+    ])  # fmt: skip
+    s = teacher_calls(f)
+    assert s["1"]["traces"] == 2 and s["1"]["tool_calls_mean"] == 3.0
+    assert s["1"]["calls_over_min"] == 3.0 and s["1"]["tool_calls_max"] == 4.0
+    assert s["2"]["calls_over_min"] == 1.5 and s["2"]["correct_frac"] == 0.0
+
+
+def _steps(rl_dir, recs):
+    rl_dir.mkdir(parents=True, exist_ok=True)
+    (rl_dir / "steps.jsonl").write_text("".join(json.dumps(r) + "\n" for r in recs))
+
+
+def test_rl_summary_counts_trained_trajectories_not_steps(tmp_path):
+    _steps(tmp_path, [
+        {"step": 1, "trained": ["a", "b", "c", "d"], "mixed_version_trajectories": 0,
+         "finished_groups": 3, "zero_signal_groups": 2, "distinct_share": 0.5},
+        {"step": 2, "trained": ["e", "f"], "mixed_version_trajectories": 2,
+         "finished_groups": 1, "zero_signal_groups": 0, "distinct_share": 1.0},
+    ])  # fmt: skip
+    s = rl_summary(tmp_path)
+    assert s["steps"] == 2 and s["trained_trajectories"] == 6
+    assert s["mixed_version_frac"] == pytest.approx(2 / 6)
+    assert s["steps_with_mixed"] == 1
+    assert s["zero_signal_share"] == pytest.approx(2 / 4)
+    assert s["distinct_share_mean"] == pytest.approx(0.75)
+    assert math.isnan(s["kv_stale_share_mean"])
+    assert [r["step"] for r in s["per_step"]] == [1, 2]
+
+
+def test_summarize_run_pairs_the_two_policies_on_the_same_tasks(tmp_path):
+    _write(
+        tmp_path / "warmstart" / "teacher.jsonl",
+        [_traj("x", "w1", tier=1, num_tool_calls=2, min_searches=1, exact_match=1)],
+    )
+    _write(
+        tmp_path / "eval" / "warmstart" / "trajectories.jsonl",
+        [
+            _traj("w-a", "d1", tier=1, exact_match=1, num_tool_calls=4),
+            _traj("w-b", "d2", tier=2, exact_match=0, num_tool_calls=6),
+        ],
+    )
+    _write(tmp_path / "eval" / "rl" / "trajectories.jsonl", [
+        _traj("r-a", "d1", tier=1, exact_match=1, num_tool_calls=2),
+        _traj("r-b", "d2", tier=2, exact_match=1, num_tool_calls=3),
+    ])  # fmt: skip
+    _steps(tmp_path / "rl", [{"step": 1, "trained": ["a"], "mixed_version_trajectories": 1}])
+    s = summarize_run(tmp_path)
+    assert s["eval"]["accuracy_gain_points"] == pytest.approx(50.0)
+    assert s["eval"]["per_tier"]["2"]["gain_points"] == pytest.approx(100.0)
+    assert s["eval"]["warmstart_tool_calls_solved"] == 4.0
+    assert s["eval"]["rl_tool_calls_solved"] == 2.5
+    assert s["eval"]["tool_calls_solved_cut_frac"] == pytest.approx(1 - 2.5 / 4)
+    assert s["rl"]["mixed_version_frac"] == 1.0
+    assert s["teacher"]["1"]["calls_over_min"] == 2.0
