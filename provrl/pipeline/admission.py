@@ -13,10 +13,14 @@ bound L = ``max_lag``:
   group started under version s is trained by step s + L at the latest — lag ≤ L — unless a
   slow episode lets later groups overtake it; the hard rule catches those. (AReaL bounds
   staleness the same way, counting samples instead of groups.)
+* **pacing (optional)** — within that budget, start a group only when the next step will
+  need it (:func:`paced_start`): just in time rather than as early as allowed, so a
+  learner-bound run trains fresher groups whose episodes span the hot-load.
 """
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from typing import Protocol, TypeVar
 
@@ -43,3 +47,54 @@ def split_stale(groups: Sequence[G], trainer_version: int, max_lag: int) -> tupl
     fresh = [g for g in groups if group_lag(g, trainer_version) <= max_lag]
     stale = [g for g in groups if group_lag(g, trainer_version) > max_lag]
     return fresh, stale
+
+
+def paced_start(
+    *,
+    pending: int,
+    need: int,
+    elapsed_s: float | None,
+    step_s: float | None,
+    group_s: float | None,
+) -> bool:
+    """Paced admission (``pipeline.loop.admission: paced``): whether a group may start *now*,
+    on top of :func:`may_start`.
+
+    When the learner is the slower side, eager admission starts the next step's groups as
+    soon as a step frees its slots; the engine finishes them long before the step ends and
+    they wait, aging, in the ready queue — every trained token has lag L and no episode is in
+    flight at a hot-load. Paced admission starts them *just in time* instead: with the step in
+    progress for ``elapsed_s`` of an expected ``step_s`` and a group taking ``group_s`` from
+    start to finish, a group starts when
+
+        pending < need   and   (learner idle  or  elapsed_s ≥ step_s − group_s),
+
+    ``pending`` counting the groups started or ready and not in training, ``need`` the
+    groups the next step takes (G, raised for the share that finishes without signal). The
+    next batch then finishes around the hot-load — lag ≤ 1, and its late episodes straddle
+    the swap. When generation is the slower side (group_s ≥ step_s) it starts at once, as
+    eager admission does; before both times are measured it is eager too."""
+    if pending >= need:
+        return False
+    if elapsed_s is None or step_s is None or group_s is None:
+        return True
+    return elapsed_s >= step_s - group_s
+
+
+def groups_needed(groups_per_step: int, zero_signal_share: float, cap: int) -> int:
+    """Groups to have in flight or ready for one step of G: ⌈G / (1 − z)⌉ with z the recent
+    share of groups finishing without signal (skipped, never trained), at most ``cap``."""
+    z = min(max(zero_signal_share, 0.0), 0.9)
+    return min(cap, max(groups_per_step, math.ceil(groups_per_step / (1.0 - z))))
+
+
+class Ema:
+    """An exponential moving average x̄ ← (1 − α) x̄ + α x (the first value taken as is)."""
+
+    def __init__(self, alpha: float = 0.3) -> None:
+        self.alpha = alpha
+        self.value: float | None = None
+
+    def update(self, x: float) -> float:
+        self.value = x if self.value is None else (1 - self.alpha) * self.value + self.alpha * x
+        return self.value

@@ -72,7 +72,14 @@ from provrl.engine.api import EngineFactory, HotLoadMode
 from provrl.env.tasks import Task
 from provrl.failpoints import failpoint
 from provrl.models.loading import load_model
-from provrl.pipeline.admission import group_lag, may_start, split_stale
+from provrl.pipeline.admission import (
+    Ema,
+    group_lag,
+    groups_needed,
+    may_start,
+    paced_start,
+    split_stale,
+)
 from provrl.pipeline.curriculum import Curriculum, Evidence, has_signal
 from provrl.pipeline.engines import engine_factory, make_learner
 from provrl.pipeline.rundir import COMPLETE, RunDir
@@ -264,6 +271,13 @@ class RLLoop:
         """Finished groups this session, and how many (and their tokens) had no signal."""
         self.zero_streak = 0
         """Finished groups in a row without signal."""
+        self.step_time, self.group_time, self.zero_rate = Ema(), Ema(), Ema()
+        """Paced admission's estimates: a step's wall time (train, save, load), a group's
+        (start to finish) and the share of groups finishing without signal."""
+        self.started_at: dict[str, float] = {}
+        """perf_counter() at which each group of this session started, by group key."""
+        self.t_train: float | None = None
+        """When the step in progress was handed to the learner (None: learner idle)."""
         self.collector_summary: dict[str, Any] = {}
         self._stack = contextlib.ExitStack()
         self.col: Collector | None = None
@@ -389,17 +403,37 @@ class RLLoop:
         if reprobe:
             self.reprobes.add(group_key(task.task_id, r))
         self.collector.submit(task, self.loop.k, round=r)
+        self.started_at[group_key(task.task_id, r)] = time.perf_counter()
         self.outstanding += 1
+
+    def may_start_now(self, training: int) -> bool:
+        """``admission: paced``: whether the next step needs a group started now
+        (:func:`~provrl.pipeline.admission.paced_start`); eager: always."""
+        if self.loop.admission == "eager":
+            return True
+        G, lag = self.loop.groups_per_step, self.loop.max_lag
+        elapsed = None if self.t_train is None else time.perf_counter() - self.t_train
+        return paced_start(
+            pending=self.outstanding - training,
+            need=groups_needed(G, self.zero_rate.value or 0.0, cap=(1 + lag) * G),
+            elapsed_s=elapsed,
+            step_s=self.step_time.value,
+            group_s=self.group_time.value,
+        )
 
     def take(self, finished: Sequence[Group]) -> None:
         """Finished groups: their evidence into the curriculum; those with signal to the
         ready queue, the others skipped (never trained) and counted."""
         for g in finished:
             self.observe(g, "rl")
+            t0 = self.started_at.pop(g.key, None)
+            if t0 is not None:
+                self.group_time.update(time.perf_counter() - t0)
             tokens = sum(len(t) for t in g.trajectories)
             self.signal["groups"] += 1
             self.signal["tokens"] += tokens
             signal = has_signal(g.rewards)
+            self.zero_rate.update(0.0 if signal else 1.0)
             self.zero_streak = 0 if signal else self.zero_streak + 1
             if signal or not self.cfg.pipeline.curriculum.skip_zero_signal:
                 self.ready.append(g)
@@ -450,6 +484,8 @@ class RLLoop:
             self.curriculum.advance(result.version)
         stats["pools"] = self.curriculum.counts()
         stats.update(self.signal_since_last_step())
+        if self.loop.admission == "paced":  # the estimates the next starts are paced by
+            stats["paced_step_s"], stats["paced_group_s"] = self.step_time.value, self.group_time.value  # fmt: skip
         record = self.step_record(result.version, dict(result.metrics), stats)
         self.save(result.version, record)  # before the engine may sample a single token of it
         self.record(record)
@@ -550,12 +586,19 @@ class RLLoop:
         in_training: list[Group] = []
         try:
             while self.state.steps < self.loop.steps:
-                while col.queued < self.loop.concurrency and may_start(self.outstanding, G, lag):
+                while (
+                    col.queued < self.loop.concurrency
+                    and may_start(self.outstanding, G, lag)
+                    and self.may_start_now(len(in_training))
+                ):
                     self.submit_next()
                 self.take(col.poll(0.05))
                 if fut is not None and fut.done():
                     result, stats = fut.result()
                     self.finish_step(result, stats, in_training, self.loop.hotload)
+                    if self.t_train is not None:  # the step's wall time: train, save, load
+                        self.step_time.update(time.perf_counter() - self.t_train)
+                    self.t_train = None
                     # the published weights are in the engine now: don't hold them through
                     # the next step
                     fut, in_training, result = None, [], None
@@ -565,6 +608,7 @@ class RLLoop:
                         in_training, self.ready = self.ready[:G], self.ready[G:]
                         assert all(group_lag(g, self.learner.version) <= lag for g in in_training)
                         fut = background.submit(self.train, in_training)
+                        self.t_train = time.perf_counter()
         finally:
             background.shutdown(wait=True)
 

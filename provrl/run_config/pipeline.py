@@ -94,6 +94,14 @@ class RLLoopConfig(Section):
         "counted. Admission control starts no episode that would be trained later than that. "
         "1-2 is typical; 0 makes async wait like sync.",
     )
+    admission: Literal["eager", "paced"] = Field(
+        "eager",
+        description="async: when a new group starts. eager: as soon as the max_lag budget "
+        "allows. paced: just in time for the step that will train it (from the measured step "
+        "and group times, provrl.pipeline.admission.paced_start) — when the learner is the "
+        "slower side, fresher groups (lag ≤ 1) whose episodes span the hot-load; when "
+        "generation is, the same as eager.",
+    )
     hotload: Literal["keep", "recompute"] = Field(
         "keep",
         description="async: keep = swap weights between decode steps, keep in-flight KV; "

@@ -14,17 +14,20 @@ from provrl.pipeline.rundir import RunDir
 from provrl.run_config import RunConfig
 
 
-def _loop(tmp_path, small_world, mode: str) -> RLLoop:
+def _loop(tmp_path, small_world, mode: str, *extra: str) -> RLLoop:
     sets = [f"pipeline.loop.mode={mode}", "pipeline.loop.steps=2", f"logging.run_dir={tmp_path}"]
+    sets += list(extra)
     cfg = load_config(RunConfig, "quick", sets)
     tasks = [t for t in load_split(small_world, "train") if t.tier in (1, 2)][:6]
     return RLLoop(cfg, RunDir(tmp_path), small_world, tasks, "tiny", progress=False)
 
 
-def _two_steps(tmp_path, small_world, mode: str) -> tuple[dict[str, Any], list[dict[str, Any]]]:
+def _two_steps(
+    tmp_path, small_world, mode: str, *extra: str
+) -> tuple[dict[str, Any], list[dict[str, Any]]]:
     """Run only ``mode``'s loop (run_sync or run_async) for two steps: the summary and the
     step records."""
-    loop = _loop(tmp_path, small_world, mode)
+    loop = _loop(tmp_path, small_world, mode, *extra)
     with loop:
         loop.run_sync() if mode == "sync" else loop.run_async()
     summary = loop.finish()
@@ -48,6 +51,14 @@ def test_run_async_hot_loads_and_keeps_the_lag_bound(tmp_path, small_world):
     assert summary["engine"]["hotloads"] >= 2  # each version loaded into the running engine
     lag = load_config(RunConfig, "quick").pipeline.loop.max_lag
     assert all(s["max_lag"] <= lag for s in steps)
+
+
+def test_paced_admission_runs_and_records_what_it_paced_by(tmp_path, small_world):
+    _, steps = _two_steps(tmp_path, small_world, "async", "pipeline.loop.admission=paced")
+    lag = load_config(RunConfig, "quick").pipeline.loop.max_lag
+    assert all(s["max_lag"] <= lag for s in steps)
+    assert steps[-1]["paced_step_s"] > 0  # step 1's wall time paced step 2's starts
+    assert "paced_group_s" in steps[0]
 
 
 def test_a_loop_runs_only_inside_its_with_block(tmp_path, small_world):

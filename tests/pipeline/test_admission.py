@@ -1,0 +1,40 @@
+"""Paced admission (``pipeline.loop.admission: paced``): a group starts just in time for the
+step that will train it; eager when generation is the slower side or nothing is measured."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+
+from provrl.pipeline.admission import Ema, groups_needed, paced_start
+
+
+def test_paced_start_waits_until_one_group_time_before_the_step_ends():
+    kw = {"pending": 0, "need": 4, "step_s": 30.0, "group_s": 10.0}
+    assert not paced_start(elapsed_s=5.0, **kw)  # the batch would wait 15 s, aging
+    assert paced_start(elapsed_s=20.0, **kw)  # finishes as the step ends
+    assert paced_start(elapsed_s=None, **kw)  # learner idle: the trainer waits, start now
+
+
+def test_paced_start_is_eager_when_generation_is_slower_or_unmeasured():
+    assert paced_start(pending=0, need=4, elapsed_s=0.0, step_s=10.0, group_s=25.0)
+    assert paced_start(pending=0, need=4, elapsed_s=0.0, step_s=None, group_s=10.0)
+    assert paced_start(pending=0, need=4, elapsed_s=0.0, step_s=10.0, group_s=None)
+
+
+def test_paced_start_never_starts_beyond_what_the_next_step_needs():
+    assert not paced_start(pending=4, need=4, elapsed_s=None, step_s=None, group_s=None)
+    assert paced_start(pending=3, need=4, elapsed_s=None, step_s=None, group_s=None)
+
+
+@pytest.mark.parametrize(("z", "want"), [(0.0, 4), (0.5, 8), (0.2, 5), (0.99, 12)])
+def test_groups_needed_makes_up_for_groups_without_signal(z, want):
+    assert groups_needed(4, z, cap=12) == want  # ⌈4 / (1 − z)⌉, z ≤ 0.9, at most the cap
+
+
+def test_ema():
+    e = Ema(alpha=0.5)
+    assert e.value is None
+    assert e.update(4.0) == 4.0 and e.update(2.0) == 3.0
+    assert math.isclose(e.update(3.0), 3.0)
