@@ -33,6 +33,28 @@ import numpy as np
 from provrl.provenance import Trajectory
 
 FORMAT = "provrl-workload/1"
+DATA = Path(__file__).parent / "data"
+FIXTURE = DATA / "workload.json"
+"""The shipped workload: 4 GRPO groups × 8 episodes of SmolLM2's warm-started policy,
+cut from ``data/trainer_batch.jsonl`` by :func:`fixture_from_log` (its header says how it
+differs from the RL stage's workload)."""
+FIXTURE_NOTE = (
+    "SmolLM2-135M-Instruct warm-started on oracle traces (a default-preset run), probed on "
+    "the default world's train tasks, tiers 1-2: the trainer benchmark's batch"
+)
+FIXTURE_DIFFERS = (
+    "Probe stage, not RL: the policy is the warm start (what RL step 1 samples from); later "
+    "RL policies answer a little more often and search about as much (results/demo.json: "
+    "1.19 -> 1.21 tool calls per solved episode).",
+    "32 episodes, one RL step's worth (4 groups x 8, groups with signal 0 < K < 8 first, as "
+    "RL trains on); the RL stage streams 1,104 at concurrency 32. A replay of more episodes "
+    "than 32 cycles through them again as new groups, whose prompts repeat earlier ones (a "
+    "real run's questions do not: the prefix cache can serve a repeated question).",
+    "The replay samples new ids of the recorded lengths with no stop ids (temperature 1): "
+    "contexts and lengths are the recording's, the sampled tokens are not.",
+    "Tool latencies are the local BM25 index's (milliseconds); a web search takes seconds "
+    "(replay with tool_latency web-fast / web-ai / web-serp).",
+)
 
 
 @dataclass(frozen=True)
@@ -148,6 +170,20 @@ def shape_stats(episodes: Sequence[Episode]) -> dict[str, float]:
     }
 
 
+def take(episodes: Sequence[Episode], n: int) -> list[Episode]:
+    """The first ``n`` episodes (0 = all); more than there are cycles through them again,
+    pass p's episodes and groups renamed ``…#p{p}`` (new groups with the same prompts)."""
+    if n <= 0 or not episodes:
+        return list(episodes)
+    out = list(episodes[:n])
+    p = 1
+    while len(out) < n:
+        out.extend(Episode(f"{e.episode_id}#p{p}", f"{e.group}#p{p}", e.turns)
+                   for e in episodes[: n - len(out)])  # fmt: skip
+        p += 1
+    return out
+
+
 # ----------------------------------------------------------------------------- files
 def write_workload(
     path: str | os.PathLike[str],
@@ -179,6 +215,35 @@ def write_workload(
         "contexts": [list(c) for c in index],
     }
     Path(path).write_text(json.dumps(doc, separators=(",", ":")) + "\n")
+
+
+def fixture_from_log(
+    log: str | os.PathLike[str] = DATA / "trainer_batch.jsonl",
+    out: str | os.PathLike[str] = FIXTURE,
+    *,
+    concurrency: int = 32,
+    note: str = FIXTURE_NOTE,
+    differs_from_real: Sequence[str] = FIXTURE_DIFFERS,
+) -> dict[str, Any]:
+    """Write the workload file of a trajectory log's episodes (in start order); returns its
+    token counts. The shipped :data:`FIXTURE` is this function's output on the trainer
+    benchmark's batch, at the default preset's ``pipeline.loop.concurrency``."""
+    from provrl.trajlog import read_all
+
+    trajs = read_all(log)
+    eps = episodes_in_start_order(trajs)
+    t0 = trajs[0]
+    source = {
+        "log": Path(log).name,
+        "policy": t0.policy.name,
+        "tools": t0.tools.config,
+        "sampling": t0.sampling.to_dict(),
+        "note": note,
+        "groups": len({e.group for e in eps}),
+    }
+    write_workload(out, eps, concurrency=concurrency, source=source,
+                   differs_from_real=differs_from_real)  # fmt: skip
+    return token_counts(eps)
 
 
 def read_workload(path: str | os.PathLike[str]) -> tuple[list[Episode], dict[str, Any]]:

@@ -13,6 +13,7 @@ from provrl.bench.workload import (
     episode_from_trajectory,
     episodes_in_start_order,
     read_workload,
+    take,
     token_counts,
     write_workload,
 )
@@ -103,3 +104,22 @@ def test_bad_workload_files_name_themselves(tmp_path):
     p.write_text('{"format": "other"}')
     with pytest.raises(WorkloadError, match="format 'other'"):
         read_workload(p)
+
+
+def test_take_cycles_through_the_workload_as_new_groups():
+    eps = [Episode("a", "g", (Turn((1,), 1),)), Episode("b", "h", (Turn((2,), 1),))]
+    assert take(eps, 0) == eps and take(eps, 1) == eps[:1]
+    more = take(eps, 5)
+    assert [e.episode_id for e in more] == ["a", "b", "a#p1", "b#p1", "a#p2"]
+    assert more[2].group == "g#p1" and more[2].turns == eps[0].turns
+
+
+def test_the_shipped_fixture_is_the_trainer_batch_cut_as_documented(tmp_path):
+    from provrl.bench.workload import FIXTURE, fixture_from_log
+
+    counts = fixture_from_log(out=tmp_path / "w.json")
+    assert (tmp_path / "w.json").read_text() == FIXTURE.read_text()
+    eps, header = read_workload(FIXTURE)
+    assert counts == token_counts(eps) == header["tokens"]
+    assert header["concurrency"] == 32 and len(header["differs_from_real"]) >= 3
+    assert counts["episodes"] == 32 and len({e.group for e in eps}) == 4
