@@ -3,8 +3,8 @@
 The profiler is :mod:`provrl.bench.engine_profile` (its docstring says what is written);
 this script runs it::
 
-    .venv/bin/python benchmarks/engine_profile.py runs/profile            # SmolLM2, the fixture
-    .venv/bin/python benchmarks/engine_profile.py runs/profile-tiny --model tiny --episodes 4
+    .venv/bin/python benchmarks/engine_profile.py --out-dir runs/engine-profile   # SmolLM2, the fixture
+    .venv/bin/python benchmarks/engine_profile.py --out-dir /tmp/p --model tiny --episodes 4
 """
 
 import sys

@@ -195,11 +195,12 @@ def profile_workload(
 
 
 def main(argv: list[str] | None = None) -> dict[str, Any]:
-    """``python benchmarks/engine_profile.py OUT_DIR [--workload …] [--model …] …``"""
+    """``python benchmarks/engine_profile.py [--out-dir DIR] [--workload …] [--model …] …``"""
     import argparse
 
     ap = argparse.ArgumentParser(description=(__doc__ or "").split("\n\n")[0])
-    ap.add_argument("out_dir", help="folder for summary.json, ops.txt, ops.json (trace.json)")
+    ap.add_argument("--out-dir", default="runs/engine-profile",
+                    help="folder for summary.json, ops.txt, ops.json (trace.json)")  # fmt: skip
     ap.add_argument("--workload", default="fixture", help="'fixture', a workload file or a trajectory log")  # fmt: skip
     ap.add_argument("--model", default="smollm2-135m")
     ap.add_argument("--episodes", type=int, default=0, help="0 = all; more cycles the workload")
@@ -209,10 +210,11 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     ap.add_argument("--tool-latency", default="none", help="none, recorded, web-fast, web-ai, web-serp")  # fmt: skip
     ap.add_argument("--row-limit", type=int, default=40, help="ops in ops.txt / ops.json")
     ap.add_argument("--trace", action="store_true", help="also write the Chrome trace")
+    ap.add_argument("--json", action="store_true", help="print the summary on one line")
     a = ap.parse_args(argv)
     summary = profile_workload(a.out_dir, a.workload, a.model, episodes=a.episodes,
                                concurrency=a.concurrency, dtype=a.dtype, threads=a.threads,
                                tool_latency=a.tool_latency, row_limit=a.row_limit,
                                trace=a.trace)  # fmt: skip
-    print(json.dumps(summary, indent=1))
+    print(json.dumps(summary, indent=None if a.json else 1))
     return summary

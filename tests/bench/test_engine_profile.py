@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass
 
-from provrl.bench.engine_profile import breakdown, kind_of, phase_ranges, profile_workload
+from provrl.bench.engine_profile import breakdown, kind_of, main, phase_ranges
 from provrl.engine import EngineConfig, LocalEngine
 
 
@@ -43,8 +43,8 @@ def test_phase_ranges_leave_the_engine_as_it_was(tiny):
 
 
 def test_profile_smoke_on_the_tiny_model(tmp_path):
-    s = profile_workload(tmp_path, "fixture", "tiny", episodes=3, concurrency=2,
-                         dtype="float32", row_limit=10)  # fmt: skip
+    s = main(["--out-dir", str(tmp_path), "--model", "tiny", "--episodes", "3",
+              "--concurrency", "2", "--dtype", "float32", "--row-limit", "10", "--json"])  # fmt: skip
     assert s["steps"] > 0 and s["seconds"]["forward"]["gemm"] > 0
     assert set(s["seconds"]) >= {"plan", "forward", "sample", "apply"}
     assert s["tokens"]["episodes"] == 3 and s["python_s_per_step"] > 0
