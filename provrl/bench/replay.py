@@ -31,6 +31,7 @@ shape measured in the same repeat: processed tokens/s × 2·params / matmul FLOP
 
 from __future__ import annotations
 
+import contextlib
 import statistics
 import time
 from collections.abc import Callable, Sequence
@@ -50,7 +51,7 @@ from provrl.bench.workload import (
     take,
     token_counts,
 )
-from provrl.engine.api import Engine
+from provrl.engine.api import Engine, EngineError
 from provrl.engine.config import EngineConfig
 from provrl.engine.local import DTYPES, LocalEngine
 from provrl.models.loading import load_model
@@ -125,7 +126,8 @@ def replay_on_engine(
                     )
                 n += turn.action_len
         finally:
-            engine.release(rid)
+            with contextlib.suppress(EngineError):  # a refused first turn left no request
+                engine.release(rid)
         return n, times
 
     c0 = _counters(engine)

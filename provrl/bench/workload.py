@@ -246,10 +246,24 @@ def fixture_from_log(
     return token_counts(eps)
 
 
+def run_concurrency(log: Path) -> int:
+    """The agent loops an RL log's run kept in flight: ``pipeline.loop.concurrency`` of
+    ``RUN/config.yaml`` for ``RUN/rl/trajectories.jsonl``; 0 (unknown) for any other log."""
+    cfg = log.parent.parent / "config.yaml"
+    if log.parent.name != "rl" or not cfg.is_file():
+        return 0
+    from provrl.config import load_yaml
+
+    try:
+        return int(load_yaml(cfg)["pipeline"]["loop"]["concurrency"])
+    except (KeyError, TypeError, ValueError):
+        return 0
+
+
 def read_workload(path: str | os.PathLike[str]) -> tuple[list[Episode], dict[str, Any]]:
     """The episodes of a workload file, or of a trajectory log (``*.jsonl``), and the file's
     header (``format``, ``source``, ``differs_from_real``, ``concurrency``; for a log, its
-    path and ``concurrency`` 0 = unknown)."""
+    path and its run's concurrency, :func:`run_concurrency`, 0 = unknown)."""
     p = Path(path)
     if not p.is_file():
         raise WorkloadError(f"{p}: no such workload file or trajectory log")
@@ -257,7 +271,8 @@ def read_workload(path: str | os.PathLike[str]) -> tuple[list[Episode], dict[str
         from provrl.trajlog import read_all
 
         eps = episodes_in_start_order(read_all(p))
-        return eps, {"format": "trajectories", "source": {"path": str(p)}, "concurrency": 0}
+        conc = run_concurrency(p)
+        return eps, {"format": "trajectories", "source": {"path": str(p)}, "concurrency": conc}
     try:
         doc = json.loads(p.read_text())
         if doc.get("format") != FORMAT:

@@ -10,6 +10,7 @@ from provrl.bench.replay import replay_on_engine, replay_on_hf, run_workload_ben
 from provrl.bench.workload import FIXTURE, Episode, Turn, WorkloadError, read_workload, take
 from provrl.bench.workload import token_counts as counts_of
 from provrl.engine import EngineConfig, LocalEngine
+from provrl.trajlog import read_all
 
 ARM_FIELDS = {
     "processed_tokens_per_s", "generated_tokens_per_s", "episodes_per_s", "turn_s_mean",
@@ -20,6 +21,9 @@ ARM_FIELDS = {
 def test_the_engine_samples_exactly_the_recorded_lengths_of_the_fixture(tiny):
     eps = take(read_workload(FIXTURE)[0], 8)  # one group: they share a prompt
     c = counts_of(eps)
+    recorded = {t.traj_id: t for t in read_all(FIXTURE.parent / "trainer_batch.jsonl")}
+    assert c["processed"] == sum(len(recorded[e.episode_id]) for e in eps)
+    assert c["action"] == sum(recorded[e.episode_id].num_actions for e in eps)
     waits = tool_waits(eps, "none")
     cfg = EngineConfig(max_seqs=8, max_context=max(map(len, eps)) + 8, eos_stops=False)
     with LocalEngine(tiny, cfg) as eng:

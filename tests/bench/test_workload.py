@@ -123,3 +123,14 @@ def test_the_shipped_fixture_is_the_trainer_batch_cut_as_documented(tmp_path):
     assert counts == token_counts(eps) == header["tokens"]
     assert header["concurrency"] == 32 and len(header["differs_from_real"]) >= 3
     assert counts["episodes"] == 32 and len({e.group for e in eps}) == 4
+
+
+def test_an_rl_log_replays_at_its_runs_concurrency(tmp_path):
+    from provrl.trajlog import TrajectoryWriter
+
+    run = tmp_path / "run"
+    (run / "rl").mkdir(parents=True)
+    (run / "config.yaml").write_text("pipeline:\n  loop:\n    concurrency: 12\n")
+    with TrajectoryWriter(run / "rl" / "trajectories.jsonl") as w:
+        w.write(trajectory("t0", "g", 0, [1, 2], [([3], None)]))
+    assert read_workload(run / "rl" / "trajectories.jsonl")[1]["concurrency"] == 12
