@@ -204,13 +204,12 @@ def matmul_gflops(
 
 
 def arm_figures(run: ArmRun, counts: dict[str, int], flop_per_token: float, gflops: float) -> dict[str, float]:  # fmt: skip
-    """An arm's figures: tokens/s, episodes/s, time per turn, occupancy, cache share, and the
-    fraction of the matmul rate (module docstring)."""
+    """An arm's figures: tokens/s, episodes/s, time per turn, the fraction of the matmul
+    rate, and where the arm counts them, occupancy, cache share and busy share (module
+    docstring)."""
     tps = counts["processed"] / run.wall_s
-    e = run.engine
-    steps = e.get("steps", float("nan"))
-    turns = np.asarray(run.turn_s) if run.turn_s else np.asarray([float("nan")])
-    return {
+    turns = np.asarray(run.turn_s)
+    out = {
         "wall_s": run.wall_s,
         "processed_tokens_per_s": tps,
         "generated_tokens_per_s": counts["action"] / run.wall_s,
@@ -218,17 +217,20 @@ def arm_figures(run: ArmRun, counts: dict[str, int], flop_per_token: float, gflo
         "turn_s_mean": float(turns.mean()),
         "turn_s_p50": float(np.median(turns)),
         "turn_s_p90": float(np.quantile(turns, 0.9)),
-        "batch_occupancy": e.get("tokens_generated", float("nan")) / steps
-        if steps
-        else float("nan"),
-        "prefix_hit_share": e.get("prefix_hit_tokens", float("nan")) / counts["context"],
-        "busy_share": e.get("busy_s", float("nan")) / run.wall_s,
         "matmul_fraction": tps * flop_per_token / (gflops * 1e9),
     }
+    e = {k: v for k, v in run.engine.items() if np.isfinite(v)}  # what the engine counts
+    if e.get("steps"):
+        out["batch_occupancy"] = e["tokens_generated"] / e["steps"]
+    if "prefix_hit_tokens" in e:
+        out["prefix_hit_share"] = e["prefix_hit_tokens"] / counts["context"]
+    if "busy_s" in e:
+        out["busy_share"] = e["busy_s"] / run.wall_s
+    return out
 
 
 def _medians(rows: list[dict[str, float]]) -> dict[str, float]:
-    return {k: float(statistics.median(r[k] for r in rows)) for k in rows[0]}
+    return {k: float(statistics.median(r[k] for r in rows if k in r)) for k in rows[0]}
 
 
 def _vllm(lm: Any, cfg: EngineConfig, threads: int) -> tuple[Engine | None, str]:

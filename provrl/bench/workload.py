@@ -129,14 +129,19 @@ def episodes_in_start_order(trajs: Iterable[Trajectory]) -> list[Episode]:
 def token_counts(episodes: Sequence[Episode]) -> dict[str, int]:
     """What a replay of ``episodes`` processes: ``context`` tokens (prompts and tool results,
     prefilled), ``action`` tokens (sampled), ``processed`` = both, ``turns``; and
-    ``shareable`` — prompt tokens a prefix cache can serve at best (every member of a group
-    but the first reuses the group's prompt)."""
-    seen: set[str] = set()
+    ``shareable`` — prompt tokens a prefix cache can serve at best: each prompt's longest
+    common prefix with an earlier episode's prompt, less the one token that must be fed
+    (every prompt shares the chat template and instructions; a group's members share the
+    whole prompt)."""
+    trie: dict[int, Any] = {}
     shareable = 0
     for ep in episodes:
-        if ep.group in seen:
-            shareable += len(ep.turns[0].context)
-        seen.add(ep.group)
+        prompt, node, depth = ep.turns[0].context, trie, 0
+        while depth < len(prompt) and prompt[depth] in node:
+            node, depth = node[prompt[depth]], depth + 1
+        shareable += min(depth, len(prompt) - 1)
+        for tok in prompt[depth:]:
+            node = node.setdefault(tok, {})
     context = sum(len(t.context) for ep in episodes for t in ep.turns)
     action = sum(t.action_len for ep in episodes for t in ep.turns)
     return {

@@ -57,6 +57,8 @@ def test_the_benchmark_reports_every_arm_on_the_tiny_model():
                                dtype="float32", backend="vllm")  # fmt: skip
     assert r["tokens"] == counts_of(take(read_workload(FIXTURE)[0], 6))
     assert r["engine"].keys() >= ARM_FIELDS and r["hf"]["processed_tokens_per_s"] > 0
+    assert "batch_occupancy" not in r["hf"]  # HF counts no engine steps
+    assert r["engine"]["prefix_hit_share"] <= r["tokens"]["shareable"] / r["tokens"]["context"]
     assert r["ratio_engine_vs_hf"] == pytest.approx(
         r["engine"]["processed_tokens_per_s"] / r["hf"]["processed_tokens_per_s"]
     )

@@ -66,7 +66,11 @@ def test_token_counts_and_the_shareable_prompt():
     ]
     c = token_counts(eps)
     assert c == {"episodes": 3, "turns": 4, "context": 9, "action": 9, "processed": 18,
-                 "shareable": 3}  # fmt: skip
+                 "shareable": 2}  # fmt: skip
+    # the longest prefix shared with any earlier prompt, one token left to feed
+    eps = [Episode(x, x, (Turn(p, 1),)) for x, p in (("a", (1, 2, 3, 4)), ("b", (1, 2, 5)),
+                                                      ("c", (1, 2, 3, 4, 6)), ("d", (9,)))]  # fmt: skip
+    assert token_counts(eps)["shareable"] == 0 + 2 + 4 + 0
 
 
 def test_a_workload_file_round_trips_and_stores_each_context_once(tmp_path):
