@@ -26,7 +26,8 @@ a prefix-cache hit is work the engine did not have to redo, so it counts as spee
 reported: sampled tokens/s, episodes/s, time per turn (submit → turn done, tool wait
 excluded), mean sampled rows per engine step (batch occupancy), the share of context tokens
 served from the prefix cache, and the fraction of a bf16 matmul's rate at the model's MLP
-shape measured in the same repeat: processed tokens/s × 2·params / matmul FLOP/s.
+shape measured in the same repeat: the workload's weight-matmul FLOPs (:func:`workload_flop`)
+per second over the matmul's FLOP/s.
 """
 
 from __future__ import annotations
@@ -53,6 +54,7 @@ from provrl.bench.workload import (
 )
 from provrl.engine.api import Engine, EngineError
 from provrl.engine.config import EngineConfig
+from provrl.engine.llama import LlamaShape
 from provrl.engine.local import DTYPES, LocalEngine
 from provrl.models.loading import load_model
 from provrl.provenance import SamplingParams
@@ -203,7 +205,18 @@ def matmul_gflops(
     return 2 * rows * k * n / statistics.median(times) / 1e9
 
 
-def arm_figures(run: ArmRun, counts: dict[str, int], flop_per_token: float, gflops: float) -> dict[str, float]:  # fmt: skip
+def workload_flop(shape: LlamaShape, counts: dict[str, int]) -> float:
+    """Weight-matmul FLOPs of a replay: every fed position through the layers,
+    2·(params − embedding − untied head) each — the embedding is a lookup; the last sampled
+    token of an episode is never fed — plus the LM head, 2·V·D, for the row of each sampled
+    token. Attention's own FLOPs (q·Kᵀ, p·V) are left out, so the fraction is a lower bound."""
+    head = shape.vocab_size * shape.hidden
+    body = shape.n_params - head * (1 if shape.tied else 2)
+    fed = counts["processed"] - counts["episodes"]
+    return 2.0 * (body * fed + head * counts["action"])
+
+
+def arm_figures(run: ArmRun, counts: dict[str, int], flop: float, gflops: float) -> dict[str, float]:  # fmt: skip
     """An arm's figures: tokens/s, episodes/s, time per turn, the fraction of the matmul
     rate, and where the arm counts them, occupancy, cache share and busy share (module
     docstring)."""
@@ -217,7 +230,7 @@ def arm_figures(run: ArmRun, counts: dict[str, int], flop_per_token: float, gflo
         "turn_s_mean": float(turns.mean()),
         "turn_s_p50": float(np.median(turns)),
         "turn_s_p90": float(np.quantile(turns, 0.9)),
-        "matmul_fraction": tps * flop_per_token / (gflops * 1e9),
+        "matmul_fraction": flop / run.wall_s / (gflops * 1e9),
     }
     e = {k: v for k, v in run.engine.items() if np.isfinite(v)}  # what the engine counts
     if e.get("steps"):
@@ -287,7 +300,7 @@ def run_workload_benchmark(
                        dtype=dtype, device=device, threads=threads)  # type: ignore[arg-type]  # fmt: skip
     engine = LocalEngine(lm, cfg)
     shape = engine.shape
-    flop_per_token = 2.0 * shape.n_params
+    flop = workload_flop(shape, counts)
     vllm, why_not = (None, "")
     if backend == "vllm":
         say("starting vLLM")
@@ -318,7 +331,7 @@ def run_workload_benchmark(
             run = arms[name](r)
             if run.sampled != counts["action"]:
                 raise WorkloadError(f"{name}: sampled {run.sampled} tokens, expected {counts['action']}")  # fmt: skip
-            per_arm[name].append(arm_figures(run, counts, flop_per_token, gflops))
+            per_arm[name].append(arm_figures(run, counts, flop, gflops))
     engine.close()
     if vllm is not None:
         vllm.close()
@@ -337,7 +350,8 @@ def run_workload_benchmark(
         "tokens": counts,
         "shape": shape_stats(eps),
         "params": shape.n_params,
-        "flop_per_token": flop_per_token,
+        "workload_gflop": flop / 1e9,
+        "gflop_per_processed_token": flop / 1e9 / counts["processed"],
         "bf16_matmul_shape": list(mm_shape),
         "bf16_matmul_gflops": float(statistics.median(gflops_all)),
         "bf16_matmul_gflops_all": gflops_all,

@@ -6,7 +6,13 @@ import json
 
 import pytest
 
-from provrl.bench.replay import replay_on_engine, replay_on_hf, run_workload_benchmark, tool_waits
+from provrl.bench.replay import (
+    replay_on_engine,
+    replay_on_hf,
+    run_workload_benchmark,
+    tool_waits,
+    workload_flop,
+)
 from provrl.bench.workload import FIXTURE, Episode, Turn, WorkloadError, read_workload, take
 from provrl.bench.workload import token_counts as counts_of
 from provrl.engine import EngineConfig, LocalEngine
@@ -40,6 +46,17 @@ def test_the_hf_floor_samples_the_same_tokens(tiny):
     eps = take(read_workload(FIXTURE)[0], 3)
     run = replay_on_hf(tiny.model, tiny.tokenizer.pad_token_id, eps, 2, tool_waits(eps, "none"))
     assert run.sampled == counts_of(eps)["action"]
+
+
+def test_the_matmul_work_is_the_layers_for_every_fed_token_and_the_head_per_sample(tiny):
+    from provrl.engine.llama import LlamaShape
+
+    shape = LlamaShape.from_config(tiny.model.config)
+    c = {"episodes": 2, "processed": 102, "action": 10}
+    V, D = shape.vocab_size, shape.hidden
+    body = sum(p.numel() for n, p in tiny.model.named_parameters() if "embed" not in n)
+    body -= 0 if shape.tied else V * D  # an untied head is counted per sampled row
+    assert workload_flop(shape, c) == 2.0 * (body * 100 + V * D * 10)
 
 
 def test_tool_waits_recorded_or_drawn():
