@@ -128,6 +128,7 @@ def profile_workload(
     dtype: str = "bfloat16",
     threads: int = 1,
     tool_latency: str = "none",
+    device: str = "cpu",
     row_limit: int = 40,
     trace: bool = False,
 ) -> dict[str, Any]:
@@ -143,7 +144,7 @@ def profile_workload(
         torch.set_num_threads(threads)
     lm = load_model(model)
     cfg = EngineConfig(max_seqs=conc, max_context=max(map(len, eps)) + 8, eos_stops=False,
-                       dtype=dtype, threads=threads)  # type: ignore[arg-type]  # fmt: skip
+                       dtype=dtype, threads=threads, device=device)  # type: ignore[arg-type]  # fmt: skip
     with LocalEngine(lm, cfg) as engine:
         replay_on_engine(engine, eps[:1], 1, waits[:1], tag="warm")
         plain = replay_on_engine(engine, eps, conc, waits, seed=0, tag="plain")
@@ -208,13 +209,14 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     ap.add_argument("--dtype", default="bfloat16", choices=["float32", "bfloat16", "float16"])
     ap.add_argument("--threads", type=int, default=1, help="torch threads of the engine")
     ap.add_argument("--tool-latency", default="none", help="none, recorded, web-fast, web-ai, web-serp")  # fmt: skip
+    ap.add_argument("--device", default="cpu", help="torch device of the engine (cuda: CUDA ops profiled too)")  # fmt: skip
     ap.add_argument("--row-limit", type=int, default=40, help="ops in ops.txt / ops.json")
     ap.add_argument("--trace", action="store_true", help="also write the Chrome trace")
     ap.add_argument("--json", action="store_true", help="print the summary on one line")
     a = ap.parse_args(argv)
     summary = profile_workload(a.out_dir, a.workload, a.model, episodes=a.episodes,
                                concurrency=a.concurrency, dtype=a.dtype, threads=a.threads,
-                               tool_latency=a.tool_latency, row_limit=a.row_limit,
+                               tool_latency=a.tool_latency, device=a.device, row_limit=a.row_limit,
                                trace=a.trace)  # fmt: skip
     print(json.dumps(summary, indent=None if a.json else 1))
     return summary

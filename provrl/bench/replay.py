@@ -246,7 +246,7 @@ def _medians(rows: list[dict[str, float]]) -> dict[str, float]:
     return {k: float(statistics.median(r[k] for r in rows if k in r)) for k in rows[0]}
 
 
-def _vllm(lm: Any, cfg: EngineConfig, threads: int) -> tuple[Engine | None, str]:
+def _vllm(lm: Any, cfg: EngineConfig, threads: int, compile: bool) -> tuple[Engine | None, str]:
     """The vLLM engine, or None and why not (not importable / failed to start)."""
     try:
         import vllm  # noqa: F401
@@ -254,7 +254,9 @@ def _vllm(lm: Any, cfg: EngineConfig, threads: int) -> tuple[Engine | None, str]
         return None, f"vllm is not importable here: {e!r}"
     from provrl.engine.vllm_backend import VLLMEngine
 
-    vcfg = cfg.model_copy(update={"backend": "vllm", "threads": threads or 1, "device": "cpu"})
+    vcfg = cfg.model_copy(
+        update={"backend": "vllm", "threads": threads or 1, "device": "cpu", "compile": compile}
+    )
     try:
         return VLLMEngine(lm, vcfg), ""
     except Exception as e:
@@ -272,6 +274,7 @@ def run_workload_benchmark(
     tool_latency: str = "none",
     hf: bool = True,
     backend: str = "local",
+    vllm_compile: bool = False,
     device: str = "cpu",
     seed: int = 0,
     progress: Callable[[str], None] | None = None,
@@ -304,7 +307,7 @@ def run_workload_benchmark(
     vllm, why_not = (None, "")
     if backend == "vllm":
         say("starting vLLM")
-        vllm, why_not = _vllm(lm, cfg, threads)
+        vllm, why_not = _vllm(lm, cfg, threads, vllm_compile)
     lm.model.to(DTYPES[dtype])  # the floor runs in the engine's dtype
     pad = lm.tokenizer.pad_token_id if lm.tokenizer.pad_token_id is not None else 0
     say("warm-up")

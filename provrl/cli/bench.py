@@ -101,7 +101,8 @@ def bench_engine(
         result = run_workload_benchmark(
             c.workload, c.model, concurrency=c.workload_concurrency,
             episodes=c.workload_episodes, repeats=c.repeats, threads=c.threads, dtype=c.dtype,
-            tool_latency=c.tool_latency, hf=c.hf, backend=c.backend, device=c.device,
+            tool_latency=c.tool_latency, hf=c.hf, backend=c.backend,
+            vllm_compile=c.vllm_compile, device=c.device,
             progress=_progress("engine", as_json),
         )  # fmt: skip
         _emit(result, as_json, out, name="engine_workload", config=c,

@@ -99,3 +99,11 @@ def test_cli_replays_the_fixture(tmp_path):
     out = json.loads(res.output.strip().splitlines()[-1])
     assert out["tokens"]["episodes"] == 2 and "hf" not in out
     assert json.loads((tmp_path / "w.json").read_text())["benchmark"] == "engine_workload"
+
+
+def test_the_vllm_arm_replays_the_same_tokens_where_vllm_is_installed():
+    pytest.importorskip("vllm")
+    r = run_workload_benchmark("fixture", "tiny-h32", episodes=2, repeats=1, threads=1,
+                               dtype="float32", hf=False, backend="vllm")  # fmt: skip
+    assert "vllm_skipped" not in r, r.get("vllm_skipped")
+    assert r["vllm"]["processed_tokens_per_s"] > 0 and r["ratio_engine_vs_vllm"] > 0
