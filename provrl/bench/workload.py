@@ -47,9 +47,10 @@ FIXTURE_DIFFERS = (
     "RL policies answer a little more often and search about as much (results/demo.json: "
     "1.19 -> 1.21 tool calls per solved episode).",
     "32 episodes, one RL step's worth (4 groups x 8, groups with signal 0 < K < 8 first, as "
-    "RL trains on); the RL stage streams 1,104 at concurrency 32. A replay of more episodes "
-    "than 32 cycles through them again as new groups, whose prompts repeat earlier ones (a "
-    "real run's questions do not: the prefix cache can serve a repeated question).",
+    "RL trains on); the RL stage streams its episodes at concurrency 32 (1,104 in issue 33's "
+    "make demo). A replay of more episodes than 32 cycles through them again as new groups, "
+    "whose prompts repeat earlier ones (a real run's questions do not: the prefix cache can "
+    "serve a repeated question).",
     "The replay samples new ids of the recorded lengths with no stop ids (temperature 1): "
     "contexts and lengths are the recording's, the sampled tokens are not.",
     "Tool latencies are the local BM25 index's (milliseconds); a web search takes seconds "
