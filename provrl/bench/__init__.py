@@ -10,6 +10,13 @@ module                 what is measured                                 command 
 engine.py              LocalEngine vs HF generate: throughput,          provrl bench engine,
                        exactness, hot-load pause, KV staleness          benchmarks/engine.py
                        (docs/engine.md §9)
+replay.py, workload.py recorded agent episodes replayed turn by turn:   provrl bench engine
+                       engine vs HF generate floor (vs vLLM), tokens/s, --workload fixture
+                       occupancy, cache share, matmul fraction
+                       (docs/perf.md)
+engine_profile.py      torch.profiler over one workload replay: per-op  benchmarks/engine_profile.py
+                       table, time per engine phase and kind of work,
+                       Python overhead per step (docs/perf.md)
 search.py              SQLite FTS5 BM25 vs bm25s / rank_bm25: build     provrl bench search,
                        time, latency, QPS, recall@10 (docs/env.md)      benchmarks/search.py
 log.py                 the trajectory log vs JSONL lists and Arrow IPC  provrl bench log,

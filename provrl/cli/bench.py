@@ -77,6 +77,10 @@ def _emit(
     typer.echo(json.dumps(result, indent=None if as_json else 2))
 
 
+WORKLOAD_KEYS = {"workload", "workload_episodes", "workload_concurrency", "dtype", "tool_latency", "hf"}  # fmt: skip
+"""``bench.engine`` fields only the workload replay reads."""
+
+
 @app.command("engine")
 @config_options(_flags("engine", EngineBenchConfig, hf_cb="hf_continuous_batching"))
 def bench_engine(
@@ -88,11 +92,27 @@ def bench_engine(
     as_json: JsonOpt = False,
 ) -> None:
     """Throughput vs HF generate (ratio, roofline), exactness, hot-load pause, KV staleness;
-    with --backend vllm also the vLLM backend in the same run (docs/engine.md §10)."""
+    with --backend vllm also the vLLM backend in the same run (docs/engine.md §10). With
+    --workload: recorded agent episodes replayed turn by turn on the engine, the HF floor
+    and (--backend vllm) vLLM (docs/perf.md)."""
+    c = cfg.bench.engine
+    if c.workload:
+        from provrl.bench.replay import run_workload_benchmark
+
+        result = run_workload_benchmark(
+            c.workload, c.model, concurrency=c.workload_concurrency,
+            episodes=c.workload_episodes, repeats=c.repeats, threads=c.threads, dtype=c.dtype,
+            tool_latency=c.tool_latency, hf=c.hf, backend=c.backend,
+            vllm_compile=c.vllm_compile, device=c.device,
+            progress=_progress("engine", as_json),
+        )  # fmt: skip
+        _emit(result, as_json, out, name="engine_workload", config=c,
+              seeds={"requests": "1000 * repeat + 64 * episode + turn", "tool latency": 0})  # fmt: skip
+        return
     from provrl.bench.engine import run_engine_benchmark
 
     result = run_engine_benchmark(
-        **cfg.bench.engine.model_dump(), progress=_progress("engine", as_json)
+        **c.model_dump(exclude=WORKLOAD_KEYS), progress=_progress("engine", as_json)
     )
     if run_dir is not None:
         from provrl.report.metrics import MetricsWriter

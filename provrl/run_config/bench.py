@@ -64,6 +64,36 @@ class EngineBenchConfig(Section):
     device: str = Field(
         "cpu", description="torch device of the model, HF and the local engine (cuda on GPU)."
     )
+    workload: str = Field(
+        "",
+        description="Replay recorded agent episodes turn by turn instead of the synthetic "
+        "requests (provrl.bench.replay): 'fixture' (the shipped 4 x 8 SmolLM2 probe episodes, "
+        "provrl/bench/data/workload.json), a provrl-workload/1 file, or a run's trajectory log "
+        "(RUN/rl/trajectories.jsonl). '' = the synthetic benchmark.",
+    )
+    workload_episodes: int = Field(
+        0,
+        ge=0,
+        description="Workload replay: episodes replayed (0 = all; more than the workload has "
+        "cycles through it again as new groups).",
+    )
+    workload_concurrency: int = Field(
+        0,
+        ge=0,
+        description="Workload replay: agent loops in flight (0 = the workload's own, 32 for a "
+        "trajectory log).",
+    )
+    dtype: Literal["float32", "bfloat16", "float16"] = Field(
+        "bfloat16",
+        description="Workload replay: dtype of the engine and the HF floor (bfloat16: the "
+        "default preset's engine). The synthetic benchmark runs float32.",
+    )
+    tool_latency: Literal["none", "recorded", "web-fast", "web-ai", "web-serp"] = Field(
+        "none",
+        description="Workload replay: each tool call waits not at all, its recorded seconds, "
+        "or a draw from that search-latency preset (env.search.latency.preset).",
+    )
+    hf: bool = Field(True, description="Workload replay: also replay on the HF generate floor.")
 
 
 class SearchBenchConfig(Section):
