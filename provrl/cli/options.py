@@ -19,8 +19,8 @@ options. A bad flag value is a usage error naming the flag and the field
 
 Flag types: ``bool`` → ``--x/--no-x``; ``int``, ``float``, ``str`` as they are; a
 ``Literal`` or any other scalar → text that the field validates; a tuple or list →
-comma-separated text (``--tiers 1,2``; empty = none); ``X | None`` → ``X`` (set None with
-``--set key=null``).
+comma-separated text, the flag repeatable (``--tiers 1,2`` = ``--tiers 1 --tiers 2``;
+empty = none); ``X | None`` → ``X`` (set None with ``--set key=null``).
 """
 
 from __future__ import annotations
@@ -96,15 +96,15 @@ def flag_parameter(root: type[BaseModel], name: str, key: str) -> inspect.Parame
     from rich.markup import escape
 
     f = field_at(root, key)
-    typ, _ = _flag_type(f.annotation)
+    typ, is_list = _flag_type(f.annotation)
     opt = "--" + name.replace("_", "-")
     decls = [f"{opt}/--no-{opt[2:]}"] if typ is bool else [opt]
     default = f.get_default(call_default_factory=True)
     help_ = escape(f"{(f.description or '').rstrip()} [= --set {key}; default {_show(default)}]")
     option = typer.Option(*decls, help=help_, show_default=False)
-    return inspect.Parameter(
-        name, inspect.Parameter.KEYWORD_ONLY, default=None, annotation=Annotated[typ | None, option]
-    )
+    # a list flag may be repeated (--x a --x b) as well as comma-separated (--x a,b)
+    ann = Annotated[list[str] | None, option] if is_list else Annotated[typ | None, option]
+    return inspect.Parameter(name, inspect.Parameter.KEYWORD_ONLY, default=None, annotation=ann)
 
 
 def _evaluated(fn: Callable[..., Any], annotation: Any) -> Any:
@@ -163,8 +163,8 @@ def config_options(
                 value = kwargs.pop(name)
                 if value is None:
                     continue
-                if name in lists:
-                    value = [x.strip() for x in value.split(",") if x.strip()]
+                if name in lists:  # repeated and/or comma-separated
+                    value = [x.strip() for v in value for x in v.split(",") if x.strip()]
                 given[key] = ("--" + name.replace("_", "-"), value)
             try:
                 cfg = load_config(cls, config_file, sets or [], flags=given)

@@ -56,6 +56,8 @@ def test_flag_types_lists_bools_literals():
     assert cfg.env.eval.tiers == (1, 2) and cfg.engine.prefix_cache is False
     assert cfg.env.eval.split == "test" and cfg.env.agent.temperature == 0.5
     assert run("--tiers", "").env.eval.tiers == ()
+    # a repeated list flag accumulates (it once kept only the last occurrence, silently)
+    assert run("--tiers", "1", "--tiers", "2,3").env.eval.tiers == (1, 2, 3)
     assert run("--prefix-cache").engine.prefix_cache is True
 
 
