@@ -25,6 +25,14 @@ where C counts the cells of positive mass. A count in a cell of mass 0 (a token 
 the reported support) gives G = ∞, p = 0. Pearson's X² = Σ_c (O_c − E_c)² / E_c
 (:func:`pearson`) has the same limit.
 
+*Seen-set test* (:func:`seen_mass_test`). Cells need expected counts ≥ e_min, so a law
+whose reported q are all tiny (a raw logprob over a 50k vocabulary) leaves nothing to
+test by G. Exact counts have no such limit: with K the set of tokens the pilot drew and
+Q_K = Σ_{i∈K} q_i their reported mass, the number X of tested draws that fall in K is,
+under H0, exactly Binomial(n, Q_K) (K does not depend on the tested draws). The two-sided
+exact binomial p-value catches a law whose drawn tokens carry too little (or too much)
+reported mass, whatever n·q_i.
+
 **Multiple testing** (:func:`holm`). m tests (prompts × sampling settings) at family
 level α: sort p_(1) ≤ … ≤ p_(m); reject H_(1) … H_(j−1), where j is the first index
 with p_(j) > α / (m − j + 1). The family-wise false-alarm rate is ≤ α whatever the
@@ -134,6 +142,14 @@ def pearson(observed: Sequence[int] | np.ndarray, probs: Sequence[float] | np.nd
     e = o.sum() * q / q.sum()
     x2 = float(np.sum((o - e) ** 2 / e))
     return TestResult(x2, dof, float(sps.chi2.sf(x2, dof)))
+
+
+def seen_mass_test(hits: int, n: int, mass: float) -> TestResult:
+    """Exact two-sided binomial test of X = ``hits`` ~ Binomial(n, Q_K = ``mass``) (the
+    tested draws in the pilot's seen set); statistic X/n − Q_K, dof 0."""
+    q = min(max(mass, 0.0), 1.0)
+    p = float(sps.binomtest(int(hits), int(n), q).pvalue) if n else 1.0
+    return TestResult(hits / n - q if n else 0.0, 0, p)
 
 
 def holm(p_values: Sequence[float], alpha: float) -> list[bool]:

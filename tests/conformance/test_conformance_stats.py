@@ -113,3 +113,25 @@ def test_the_test_rejects_a_shifted_law():
     r = st.g_test(st.count(cells, rng.choice(4, 2000, p=shifted)), cells.probs)
     assert r.p_value < 1e-4
     assert st.power(2000, 3, st.effect_size(shifted, law), 1e-4) > 0.9
+
+
+def test_seen_mass_test_by_hand():
+    r = st.seen_mass_test(10, 10, 0.5)
+    assert r.p_value == pytest.approx(2 * 0.5**10)
+    assert r.statistic == pytest.approx(0.5)
+    # all draws on tokens whose reported q add to 4e-4: impossible under H0
+    assert st.seen_mass_test(400, 400, 4e-4).p_value < 1e-100
+
+
+def test_seen_mass_test_false_alarms_stay_below_alpha():
+    """The exact binomial test is conservative: on draws from the exact law its false-alarm
+    rate at α = 0.05 over 300 seeded replicates is within binomial noise of ≤ 0.05."""
+    rng = np.random.default_rng(2)
+    law = rng.dirichlet(np.full(60, 0.2))
+    alarms = 0
+    for _ in range(300):
+        seen = set(rng.choice(law.size, size=100, p=law).tolist())
+        test = rng.choice(law.size, size=400, p=law)
+        hits = int(sum(t in seen for t in test.tolist()))
+        alarms += st.seen_mass_test(hits, 400, float(law[list(seen)].sum())).p_value < 0.05
+    assert alarms / 300 < 0.05 + 3 * math.sqrt(0.05 * 0.95 / 300)
