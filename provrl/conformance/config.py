@@ -30,14 +30,14 @@ class ConformanceConfig(Section):
         description="(temperature, top_k, top_p) of each tested law; temperature > 0.",
     )
     pilot: int = Field(
-        200, ge=1, description="Draws per law that fix the cells (never tested themselves)."
+        100, ge=1, description="Draws per law that fix the cells (never tested themselves)."
     )
-    samples: int = Field(800, ge=10, description="Draws per law that are tested.")
+    samples: int = Field(500, ge=10, description="Draws per law that are tested.")
     alpha: float = Field(
         0.01, gt=0.0, lt=1.0, description="Family-wise false-alarm level of the law tests (Holm)."
     )
     effect: float = Field(
-        0.2, gt=0.0, description="Cohen's w at which each law test's power is reported."
+        0.25, gt=0.0, description="Cohen's w at which each law test's power is reported."
     )
     e_min: float = Field(5.0, gt=0.0, description="Smallest expected count of an own cell.")
     mass_tol: float = Field(

@@ -67,6 +67,23 @@ class Reference:
             torch.cat([p.kept_mass for p in parts]),
         )
 
+    @staticmethod
+    def boundary_margin(row: torch.Tensor, token: int, params: SamplingParams) -> float:
+        """How far outside the recomputed support S the ``token`` lies, for logits ``row``
+        [V]: with π = softmax(ℓ/τ) and S_k the top-k set (all V when k = 0),
+        log π_(k) − log π(a) when a ∉ S_k, else Σ_{j∈S_k, π(j) > π(a)} π(j)/Σ_{S_k} π − p
+        (the renormalised mass before a, past the nucleus cut p). ≤ 0 inside S. When every
+        log π moves by at most ε (another dtype), S moves by a margin of about ε."""
+        logp = torch.log_softmax(row.double() / params.temperature, -1)
+        V = logp.numel()
+        k = params.top_k if 0 < params.top_k < V else V
+        top = torch.topk(logp, k).values
+        if float(logp[token]) < float(top[-1]):
+            return float(top[-1] - logp[token])
+        in_k = torch.exp(top - torch.logsumexp(top, 0))
+        before = float(in_k[top > logp[token]].sum())
+        return before - params.top_p if params.top_p < 1.0 else 0.0
+
     def turn(self, ids: Sequence[int], start: int, params: SamplingParams) -> Sampled:
         """The recompute of the sampled tokens ``ids[start:]`` given ``ids[:start]``."""
         logits = self.logits(ids[:-1])

@@ -63,3 +63,19 @@ def test_a_skipped_tensor_fails_weights_naming_it(tiny, engine_on, small_cfg_con
 def test_an_unknown_check_is_refused(tiny, engine_on, small_cfg_conf):
     with pytest.raises(ValueError, match="unknown check"):
         run_conformance(engine_on(), tiny, small_cfg_conf, only=("laws",))
+
+
+def test_boundary_margin_by_hand():
+    import math
+
+    import torch
+
+    from provrl.conformance.reference import Reference
+    from provrl.provenance import SamplingParams
+
+    row = torch.log(torch.tensor([0.5, 0.3, 0.2]))
+    p = SamplingParams(temperature=1.0, top_p=0.6)
+    assert Reference.boundary_margin(row, 1, p) < 0  # inside S = {0, 1}
+    assert Reference.boundary_margin(row, 2, p) == pytest.approx(0.8 - 0.6)
+    k = SamplingParams(temperature=1.0, top_k=1)
+    assert Reference.boundary_margin(row, 1, k) == pytest.approx(math.log(0.5 / 0.3))
