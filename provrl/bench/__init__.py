@@ -35,6 +35,11 @@ warmstart_spread.py    the spread of K after the warm start, per tier   benchmar
 trpo_vs_sb3.py         provrl TRPO vs sb3-contrib TRPO on gymnasium     benchmarks/trpo_vs_sb3.py
                        control (docs/trpo.md)
 trpo_pendulum_seeds.py the seed spread of TRPO on Pendulum-v1           benchmarks/trpo_pendulum_seeds.py
+conformance.py         the false-alarm rate of provrl conformance       benchmarks/conformance_false_alarm.py
+                       on provrl's engine (docs/conformance.md)
+attribution.py         exact recorded q vs pi_v_start, per-token        benchmarks/attribution.py
+                       pi_v_t, on-policy on a run's trajectories
+                       (docs/conformance.md)
 =====================  ===============================================  ========================
 
 The room sits above the pipeline (the end-to-end benchmarks run it) and only the command line

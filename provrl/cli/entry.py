@@ -4,7 +4,7 @@ Heavy imports (torch, transformers) happen inside commands, so ``--help`` is ins
 Every command lives in ``provrl/cli/`` (the top layer: the library rooms below never import
 it), one module per room it drives — ``pipeline.py`` (run, report, probe, filter),
 ``env.py`` (world, serve-search, index, eval), ``sft.py``, ``classic.py`` (trpo),
-``theory.py``, ``bench.py`` — with ``options.py`` (flags generated from the config fields)
+``theory.py``, ``bench.py``, ``conformance.py`` — with ``options.py`` (flags generated from the config fields)
 and ``config_docs.py``; this file only wires them.
 
 :func:`main` (the ``provrl`` console script) is the one top-level error handler: an
@@ -34,6 +34,7 @@ from provrl._sys import WriteError, cache_dir
 from provrl.cli import config_docs as cd
 from provrl.cli.bench import app as bench_app
 from provrl.cli.classic import trpo
+from provrl.cli.conformance import conformance
 from provrl.cli.env import eval_cmd, index_cmd, serve_search, world
 from provrl.cli.pipeline import filter_cmd, probe, report, run
 from provrl.cli.sft import sft
@@ -62,6 +63,7 @@ app.command("eval")(eval_cmd)
 app.command("sft")(sft)
 app.command("probe")(probe)
 app.command("filter")(filter_cmd)
+app.command("conformance")(conformance)
 
 
 # ----------------------------------------------------------------------------- models

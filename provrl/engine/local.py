@@ -48,6 +48,7 @@ from provrl.engine import audit, hotload
 from provrl.engine.api import EngineError, HotLoadMode, HotLoadReport, TurnOutput
 from provrl.engine.checks import check_continuation, check_ids, check_params, check_prompt
 from provrl.engine.config import EngineConfig
+from provrl.engine.fingerprint import fingerprint
 from provrl.engine.hotload import HotLoad, read_weights
 from provrl.engine.llama import KVCache, LlamaWeights, Rope, StepInputs, forward, mlp_block
 from provrl.engine.sampling import behaviour_logprob, sample
@@ -253,6 +254,18 @@ class LocalEngine:
                 kv_staleness_mean_abs=c["kv_staleness_sum_abs"] / n if n else float("nan"),
             )
         return c
+
+    @property
+    def weights_dtype(self) -> torch.dtype:
+        """The dtype the engine computes in (what a publisher casts to when it
+        fingerprints the weights it sends)."""
+        return DTYPES[self.cfg.dtype]
+
+    def weights_fingerprint(self) -> dict[str, str]:
+        """HF parameter name → sha256 of the tensor this replica computes with
+        (:mod:`provrl.engine.fingerprint`), read while no step or hot-load runs."""
+        with self._cv:
+            return fingerprint(self.weights.targets())
 
     def wait_idle(self, timeout: float | None = None) -> bool:
         """Block until no turn is queued or generating and no audit or hot-load is pending
