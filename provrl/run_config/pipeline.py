@@ -43,7 +43,8 @@ class TaskSliceConfig(Section):
         description="A task file (provrl tasks or plain {question, answer} JSONL, "
         "provrl.env.tasks.read_task_file) probed and trained on instead of the world's train "
         "split (all of it: probe and tiers do not apply); the warm start still imitates the "
-        "world's oracle traces, and evaluation stays on the world's test split.",
+        "world's oracle traces (unless pipeline.warmstart_data), and evaluation stays on the "
+        "world's test split.",
     )
 
 
@@ -230,6 +231,14 @@ class PipelineConfig(Section):
         True,
         description="SFT on oracle (teacher) traces first: needed for models that cannot use "
         "the tools zero-shot (SmolLM2-135M, the tiny model).",
+    )
+    warmstart_data: tuple[str, ...] = Field(
+        (),
+        description="Your own warm-start files, SFT'd on instead of the world's teacher "
+        'traces: chat JSONL ({"messages": [...]} per line) and/or trajectory logs '
+        "(trajectories.jsonl, or a run directory holding one), told apart by their first "
+        "record. Needed with env.search.index (your own collection): the world's oracle "
+        "cannot solve tasks on it.",
     )
     teacher: Literal["oracle", "explorer"] = Field(
         "oracle",

@@ -50,6 +50,19 @@ def test_plain_records_become_tasks(own):
     assert {(t.kind, t.tier, t.split, t.min_searches) for t in ts} == {(PLAIN_KIND, 0, "test", 0)}
 
 
+def test_plain_tasks_round_trip_through_a_stage_file(own, tmp_path):
+    """A probe's tasks.jsonl and the filter pools are re-read strictly: tier 0 (a user task)
+    and an empty oracle plan are valid there."""
+    from provrl.env.tasks import load_tasks, save_tasks
+
+    _, _, tasks = own
+    ts = read_task_file(tasks, "train")
+    save_tasks(ts, tmp_path / "stage.jsonl")
+    assert load_tasks(tmp_path / "stage.jsonl", split="train") == ts
+    read_back = read_task_file(tmp_path / "stage.jsonl")  # a pool given back as --tasks
+    assert read_back == ts
+
+
 @pytest.mark.parametrize(
     ("line", "match"),
     [
