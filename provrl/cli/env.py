@@ -181,6 +181,7 @@ def eval_cmd(
 ) -> None:
     """Evaluate a policy on a task split: accuracy, pass@k, tool calls, tokens, per tier, K histogram."""
     from provrl.env.build import ensure_world
+    from provrl.pipeline.engines import engine_factory, stage_engine_config
     from provrl.rollout.evaluate import evaluate
 
     env = cfg.env
@@ -202,9 +203,10 @@ def eval_cmd(
         rd,
         tasks_file=tasks,
         tokenizer=tokenizer,
-        engine_cfg=cfg.engine if "engine" in cfg.model_fields_set else None,
+        engine_cfg=stage_engine_config(cfg, ev.concurrency),  # as provrl run's eval stage
         progress=not as_json,
         dtype=cfg.model.dtype,
+        make_engine=engine_factory(cfg),  # engine.backend: local | vllm | ray
     )
     if as_json:
         typer.echo(json.dumps(summary))

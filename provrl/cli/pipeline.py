@@ -136,7 +136,7 @@ def probe(
 
     from provrl.env.build import ensure_world, load_split
     from provrl.filtering import K_TABLE_HEADER, format_k_table
-    from provrl.pipeline.engines import stage_engine_config
+    from provrl.pipeline.engines import engine_factory, stage_engine_config
     from provrl.pipeline.probe import format_transitions, run_filter, run_probe
     from provrl.rollout.evaluate import select_tasks
 
@@ -162,9 +162,10 @@ def probe(
         k=kk,
         seed=cfg.seed,
         dtype=cfg.model.dtype,
-        engine_cfg=stage_engine_config(cfg, c),
+        engine_cfg=stage_engine_config(cfg, c),  # as provrl run's probe stage
         concurrency=c,
         progress=progress and not as_json,
+        make_engine=engine_factory(cfg),  # engine.backend: local | vllm | ray
     )
     moved = None
     if pool is not None and (pool.parent / "filter.json").is_file():

@@ -74,7 +74,7 @@ from provrl.failpoints import failpoint
 from provrl.models.loading import load_model
 from provrl.pipeline.admission import group_lag, may_start, split_stale
 from provrl.pipeline.curriculum import Curriculum, Evidence, has_signal
-from provrl.pipeline.engines import engine_factory, make_learner
+from provrl.pipeline.engines import engine_factory, make_learner, stage_engine_config
 from provrl.pipeline.rundir import COMPLETE, RunDir
 from provrl.pipeline.steplog import (
     STEPS,
@@ -220,12 +220,11 @@ class RLLoop:
         if self.loop.mode == "async" and self.loop.split_cores:
             half = max(1, torch.get_num_threads() // 2)
             self.engine_threads, self.trainer_threads = half, half
-        engine_cfg = cfg.engine.model_copy(
-            update={
-                "max_seqs": max(cfg.engine.max_seqs, self.loop.concurrency),
-                "seed": self.seed + self.state.version,
-                "threads": self.engine_threads,
-            }
+        engine_cfg = stage_engine_config(
+            cfg,
+            self.loop.concurrency,
+            seed=self.seed + self.state.version,
+            threads=self.engine_threads,
         )
         engines = engines or engine_factory(cfg)  # engine.backend: local | vllm | ray
         self.engine = engines(self.lm, engine_cfg, version=self.state.version)

@@ -25,7 +25,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from provrl.engine.api import Engine, EngineFactory
-from provrl.engine.config import EngineConfig
+from provrl.engine.config import EngineConfig, for_stage
 from provrl.engine.factory import make_engine as local_engine
 from provrl.env.build import load_split, search_backend
 from provrl.env.config import EnvConfig
@@ -44,15 +44,11 @@ SHOT_TIERS = (1, 2, 3, 4)
 
 
 def engine_config(env_cfg: EnvConfig, *, dtype: str = "float32") -> EngineConfig:
-    """The engine an environment runs on when the caller names none: a KV slot per agent loop
-    in flight (``eval.concurrency``), room for an episode's whole token budget
-    (``agent.max_total_tokens`` + 8, at least 512) and the eval seed."""
-    return EngineConfig(
-        max_seqs=env_cfg.eval.concurrency,
-        max_context=max(env_cfg.agent.max_total_tokens + 8, 512),
-        seed=env_cfg.eval.seed,
-        dtype=dtype,  # type: ignore[arg-type]
-    )
+    """The engine an environment runs on when the caller names none (a library call without
+    a run config): the default :class:`EngineConfig` in ``dtype`` for ``eval.concurrency``
+    agent loops and the eval seed, by the one rule :func:`provrl.engine.config.for_stage`."""
+    base = EngineConfig(dtype=dtype)  # type: ignore[arg-type]
+    return for_stage(base, env_cfg.eval.concurrency, seed=env_cfg.eval.seed)
 
 
 @dataclass(frozen=True)
