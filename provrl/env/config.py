@@ -120,6 +120,17 @@ class SearchConfig(Section):
         description="URL of the /retrieve service (backend=http), with or without the "
         "trailing /retrieve.",
     )
+    retries: int = Field(
+        2,
+        ge=0,
+        le=10,
+        description="backend=http: retries of a request that cannot connect or is answered "
+        "429/502/503/504, after retry_backoff_s, then twice that, … (a request that timed "
+        "out is not retried).",
+    )
+    retry_backoff_s: float = Field(
+        0.25, ge=0, description="backend=http: wait before the first retry (doubling after)."
+    )
     index: str = Field(
         "",
         description="backend=sqlite: an index file built by `provrl index docs.jsonl` (a "

@@ -29,7 +29,7 @@ import numpy as np
 
 from provrl._sys import release_memory, writing
 from provrl.config import ConfigError
-from provrl.env.build import ensure_world, load_split
+from provrl.env.build import ensure_world, load_split, preflight_search
 from provrl.env.jsonl import iter_records
 from provrl.env.oracle import run_explorer, run_oracle
 from provrl.env.tasks import Task, read_task_file
@@ -87,7 +87,8 @@ def run_pipeline(cfg: RunConfig, run_dir: str | Path, *, progress: bool = True) 
     np.random.seed(cfg.seed)
     torch.manual_seed(cfg.seed)
     say = _say(progress)
-    check_warm_start(cfg)  # before any work: a warm start that cannot produce data
+    check_warm_start(cfg)  # before any work: a warm start that cannot produce data,
+    preflight_search(None, cfg.env)  # a dead retriever
     engines = engine_factory(cfg)  # the one engine factory: probe, RL and eval build through it
 
     # world ---------------------------------------------------------------------------------

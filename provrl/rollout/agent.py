@@ -30,7 +30,7 @@ import functools
 import hashlib
 import json
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -145,6 +145,25 @@ def _params(env: AgentEnv, max_new: int, seed: int) -> SamplingParams:
     )
 
 
+CALL_LIMIT = "tool call limit"
+"""The error of a well-formed call refused for ``max_tool_calls`` (not a tool failure)."""
+
+
+def tool_failures(trajs: Iterable[Trajectory]) -> dict[str, Any]:
+    """Search and open calls the tool failed on (timed out, service down, bad answer: the
+    agent saw an error observation), against the calls run: ``tool_calls_run``,
+    ``tool_errors`` and ``tool_error_rate`` = errors / calls (0 with no call). Malformed calls
+    and calls refused for the call limit never reached the tool and are not counted."""
+    run = errors = 0
+    for t in trajs:
+        for c in t.tool_calls:
+            if c.name in ("search", "open") and c.error != CALL_LIMIT:
+                run += 1
+                errors += not c.ok
+    rate = errors / run if run else 0.0
+    return {"tool_calls_run": run, "tool_errors": errors, "tool_error_rate": rate}
+
+
 def run_tool(env: AgentEnv, call: Call) -> tuple[str, ToolCall]:
     """Execute a search/open call; failures become error observations, never exceptions."""
     t0 = time.perf_counter()
@@ -238,9 +257,7 @@ def run_episode(
                     break
                 obs = format_error(parsed.error)
             elif n.tool_calls >= a.max_tool_calls:  # a well-formed call over the limit
-                b.add_tool_call(
-                    ToolCall(turn, parsed.name, parsed.argument, False, "tool call limit")
-                )
+                b.add_tool_call(ToolCall(turn, parsed.name, parsed.argument, False, CALL_LIMIT))
                 obs = format_error("tool call limit reached: give your <answer> now")
             else:  # search / open: run the tool (failures become error observations)
                 obs, call = run_tool(env, parsed)

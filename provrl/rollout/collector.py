@@ -33,7 +33,7 @@ from typing import Any
 from provrl.env.tasks import Task
 from provrl.failpoints import failpoint
 from provrl.provenance import Trajectory
-from provrl.rollout.agent import AgentEnv, derive_seed, run_episode
+from provrl.rollout.agent import AgentEnv, derive_seed, run_episode, tool_failures
 from provrl.trajlog import TrajectoryWriter
 
 
@@ -93,6 +93,9 @@ class CollectorStats:
     episodes_refused: int = 0  # admission control said no at least once for this slot
     groups: int = 0
     wall_s: float = 0.0
+    tool_calls_run: int = 0
+    tool_errors: int = 0
+    """Search/open calls that failed (:func:`~provrl.rollout.agent.tool_failures`)."""
     engine: dict[str, float] = field(default_factory=dict)
 
     def as_dict(self) -> dict[str, Any]:
@@ -102,6 +105,11 @@ class CollectorStats:
             "episodes": self.episodes,
             "episodes_reused": self.episodes_reused,
             "groups": self.groups,
+            "tool_calls_run": self.tool_calls_run,
+            "tool_errors": self.tool_errors,
+            "tool_error_rate": self.tool_errors / self.tool_calls_run
+            if self.tool_calls_run
+            else 0.0,
             "replicas": int(e.get("replicas", 1.0)),  # engine replicas the episodes ran on
             "wall_s": round(self.wall_s, 3),
             "episodes_per_s": self.episodes / self.wall_s if self.wall_s else 0.0,
@@ -275,6 +283,9 @@ class Collector:
             self.on_trajectory(traj)
         p.slots[s] = traj
         self.stats.episodes += 1
+        tools = tool_failures([traj])
+        self.stats.tool_calls_run += tools["tool_calls_run"]
+        self.stats.tool_errors += tools["tool_errors"]
         if self._bar is not None:
             self._bar.update(1)
         if all(x is not None for x in p.slots):
