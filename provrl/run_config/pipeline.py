@@ -57,7 +57,12 @@ class RLLoopConfig(Section):
         "load, repeat. async: rollouts never stop; each new version is hot-loaded into the "
         "running engine; staleness bounded by max_lag.",
     )
-    steps: int = Field(12, ge=0, description="RL optimizer steps (= new policy versions).")
+    steps: int = Field(
+        12,
+        ge=0,
+        description="RL optimizer steps (= new policy versions).",
+        **peer_names("steps", trl="max_steps", verl="trainer.total_training_steps"),
+    )
 
     @model_validator(mode="before")
     @classmethod
@@ -94,6 +99,7 @@ class RLLoopConfig(Section):
         "many versions older than the weights being updated; older groups are dropped and "
         "counted. Admission control starts no episode that would be trained later than that. "
         "1-2 is typical; 0 makes async wait like sync.",
+        **peer_names("max_lag", trl="max_staleness"),
     )
     hotload: Literal["keep", "recompute"] = Field(
         "keep",
