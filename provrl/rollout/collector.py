@@ -30,10 +30,11 @@ from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass, field
 from typing import Any
 
+from provrl.env.search import SearchError
 from provrl.env.tasks import Task
 from provrl.failpoints import failpoint
 from provrl.provenance import Trajectory
-from provrl.rollout.agent import AgentEnv, derive_seed, run_episode, tool_failures
+from provrl.rollout.agent import CALL_LIMIT, AgentEnv, derive_seed, run_episode, tool_failures
 from provrl.trajlog import TrajectoryWriter
 
 
@@ -127,6 +128,12 @@ class CollectorStats:
         }
 
 
+TOOL_WINDOW = 50
+"""Search/open calls the tool-error stop looks back over (``search.max_tool_error_rate``)."""
+TOOL_MIN_CALLS = 20
+"""Calls in the window before the tool-error stop judges (a few early failures are noise)."""
+
+
 class Collector:
     """Turns tasks into completed groups on one engine (see the module docstring).
 
@@ -156,6 +163,7 @@ class Collector:
         self._t0 = time.perf_counter()
         self._engine0 = _engine_stats(env)
         self.stats = CollectorStats()
+        self._recent: deque[bool] = deque(maxlen=TOOL_WINDOW)  # recent calls: failed?
 
     # ------------------------------------------------------------------ push / pull
     def submit(
@@ -283,13 +291,31 @@ class Collector:
             self.on_trajectory(traj)
         p.slots[s] = traj
         self.stats.episodes += 1
-        tools = tool_failures([traj])
-        self.stats.tool_calls_run += tools["tool_calls_run"]
-        self.stats.tool_errors += tools["tool_errors"]
+        self._count_tool_failures(traj)
         if self._bar is not None:
             self._bar.update(1)
         if all(x is not None for x in p.slots):
             self._complete(p)
+
+    def _count_tool_failures(self, traj: Trajectory) -> None:
+        """Add ``traj``'s search/open calls to the counts, and stop (one
+        :class:`~provrl.env.search.SearchError` line) when more than
+        ``search.max_tool_error_rate`` of the last :data:`TOOL_WINDOW` calls failed."""
+        for c in traj.tool_calls:
+            if c.name in ("search", "open") and c.error != CALL_LIMIT:
+                self._recent.append(not c.ok)
+        tools = tool_failures([traj])
+        self.stats.tool_calls_run += tools["tool_calls_run"]
+        self.stats.tool_errors += tools["tool_errors"]
+        limit = self.env.search.max_tool_error_rate
+        failed = sum(self._recent)
+        if limit < 1 and len(self._recent) >= TOOL_MIN_CALLS and failed > limit * len(self._recent):
+            last = next((c.error for c in reversed(traj.tool_calls) if not c.ok), None)
+            raise SearchError(
+                f"{failed} of the last {len(self._recent)} search/open calls failed (more than "
+                f"env.search.max_tool_error_rate={limit:g}; last: {last}): the tool is down or "
+                "misconfigured, and the policy would be scored or trained on error observations"
+            )
 
     def _complete(self, p: _Pending) -> None:
         trajs = [x for x in p.slots if x is not None]
