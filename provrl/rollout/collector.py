@@ -34,7 +34,14 @@ from provrl.env.search import SearchError
 from provrl.env.tasks import Task
 from provrl.failpoints import failpoint
 from provrl.provenance import Trajectory
-from provrl.rollout.agent import CALL_LIMIT, AgentEnv, derive_seed, run_episode, tool_failures
+from provrl.rollout.agent import (
+    AgentEnv,
+    derive_seed,
+    run_episode,
+    tool_failed,
+    tool_failures,
+    tool_ran,
+)
 from provrl.trajlog import TrajectoryWriter
 
 
@@ -301,9 +308,7 @@ class Collector:
         """Add ``traj``'s search/open calls to the counts, and stop (one
         :class:`~provrl.env.search.SearchError` line) when more than
         ``search.max_tool_error_rate`` of the last :data:`TOOL_WINDOW` calls failed."""
-        for c in traj.tool_calls:
-            if c.name in ("search", "open") and c.error != CALL_LIMIT:
-                self._recent.append(not c.ok)
+        self._recent.extend(tool_failed(c) for c in traj.tool_calls if tool_ran(c))
         tools = tool_failures([traj])
         self.stats.tool_calls_run += tools["tool_calls_run"]
         self.stats.tool_errors += tools["tool_errors"]

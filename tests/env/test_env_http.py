@@ -346,7 +346,7 @@ def test_tool_failures_count_failed_searches_and_opens_only():
     from types import SimpleNamespace
 
     from provrl.provenance import ToolCall
-    from provrl.rollout.agent import CALL_LIMIT, tool_failures
+    from provrl.rollout.agent import CALL_LIMIT, QUERY_REFUSED, tool_failures
 
     calls = [
         ToolCall(0, "search", "a"),
@@ -355,11 +355,12 @@ def test_tool_failures_count_failed_searches_and_opens_only():
         ToolCall(3, "search", "c", False, CALL_LIMIT),  # never reached the tool
         ToolCall(4, "invalid", "<sarch>", False, "malformed"),
         ToolCall(5, "answer", "x"),
+        ToolCall(6, "search", "x" * 600, False, f"{QUERY_REFUSED}: 600 characters"),  # ran, ok
     ]
     traj = SimpleNamespace(tool_calls=calls)
     assert tool_failures([traj, traj]) == {
-        "tool_calls_run": 6,
+        "tool_calls_run": 8,
         "tool_errors": 4,
-        "tool_error_rate": 4 / 6,
+        "tool_error_rate": 4 / 8,
     }
     assert tool_failures([])["tool_error_rate"] == 0.0
