@@ -55,6 +55,13 @@ class Section(BaseModel):
 
     model_config = ConfigDict(extra="forbid", validate_assignment=True, frozen=False)
 
+    peers_not_flat: ClassVar[tuple[str, ...]] = ()
+    """Sections whose TRL names are read only under the section (``sft``: TRL's SFTConfig
+    names), not as flat top-level keys (:func:`peer_keys`)."""
+    peers_refused: ClassVar[dict[str, str]] = {}
+    """TRL / verl names provrl has no field for, each with what to use instead: refused
+    with that line, not answered "unknown key"."""
+
     renamed: ClassVar[dict[str, str]] = {}
     """Old key of this section → the key it is now. The old key is still read, wherever a
     config comes from (a file, ``--set``, an old run directory's ``config.yaml``); errors
@@ -353,13 +360,14 @@ def load_config(
     if preset is not None:
         path = preset_path(preset)
         in_file: dict[str, str] = {}
-        data = _renamed(cls, load_yaml(path), in_file, str(path))
+        data = peer_keys(cls, _renamed(cls, load_yaml(path), in_file, str(path)), str(path))
         try:
             cls.model_validate(data)
         except ValidationError as e:
             raise ConfigError(_format_errors(e, str(path), given=in_file)) from None
     given: dict[str, str] = {}  # old names are resolved per source, so precedence holds
-    merged = deep_merge(data, _renamed(cls, parse_overrides(overrides), given, "command line"))
+    line = _renamed(cls, parse_overrides(overrides), given, "command line")
+    merged = deep_merge(data, peer_keys(cls, line, "command line"))
     names: dict[str, str] = {}
     flag_tree: dict[str, Any] = {}
     for key, (name, value) in (flags or {}).items():
@@ -466,4 +474,133 @@ def did_you_mean(title: str, loc: tuple[str | int, ...]) -> str:
         if sub is not None and key in accepted_keys(sub):
             return f" (did you mean {prefix + name + '.' + key!r}?)"
     close = difflib.get_close_matches(key, list(accepted), n=1, cutoff=0.75)
-    return f" (did you mean {prefix + close[0]!r}?)" if close else ""
+    if close:
+        return f" (did you mean {prefix + close[0]!r}?)"
+    flat = peer_tables(cls)[0] if not parent else {}
+    close = difflib.get_close_matches(key, list(flat), n=1, cutoff=0.75)
+    return f" (did you mean {close[0]!r}, TRL's name of {flat[close[0]]!r}?)" if close else ""
+
+
+# ----------------------------------------------------------------------------- peer keys
+def _fields(cls: type[BaseModel], prefix: str = "") -> list[tuple[str, Any]]:
+    """(dotted key, field) of every leaf field of ``cls``."""
+    out: list[tuple[str, Any]] = []
+    for name, f in cls.model_fields.items():
+        sub = _sub_section(cls, name)
+        out += _fields(sub, f"{prefix}{name}.") if sub is not None else [(prefix + name, f)]
+    return out
+
+
+def peer_tables(cls: type[BaseModel]) -> tuple[dict[str, str], dict[str, str]]:
+    """(TRL's flat name → dotted key, verl's full path → dotted key) of every field with
+    :func:`peer_names`. A TRL name is flat only outside ``cls.peers_not_flat``."""
+    skip = tuple(f"{s}." for s in getattr(cls, "peers_not_flat", ()))
+    trl: dict[str, str] = {}
+    verl: dict[str, str] = {}
+    for key, f in _fields(cls):
+        extra = f.json_schema_extra if isinstance(f.json_schema_extra, dict) else {}
+        if isinstance(extra.get("trl"), str) and not key.startswith(skip):
+            trl.setdefault(str(extra["trl"]), key)
+        if isinstance(extra.get("verl"), str):
+            verl[str(extra["verl"])] = key
+    return trl, verl
+
+
+def peer_keys(cls: type[BaseModel], tree: Any, source: str) -> Any:
+    """``tree`` (one source: a file, the command line) with the names other frameworks
+    give provrl's fields under the fields' own dotted keys, so a later source overrides an
+    earlier one whatever name each used (``rl.lr: 1e-4`` in a preset, ``--set
+    learning_rate=1e-5`` on the command line):
+
+    - a top-level key that is TRL's flat name of a field (``learning_rate``,
+      ``num_generations``, ``max_steps``) → that field (``rl.lr``, ``pipeline.loop.k``, …);
+    - a verl path (``actor_rollout_ref.actor.optim.lr``) → the field it names; an unknown
+      leaf under a verl root is refused with the closest verl path provrl reads;
+    - a peer alias inside a section (``rl.learning_rate``) → the field's own name;
+    - a name in ``cls.peers_refused`` → refused, naming what to use instead.
+
+    Two names of one field in one source are refused ("given twice")."""
+    if not isinstance(tree, Mapping):
+        return tree
+    trl, verl = peer_tables(cls)
+    refused: dict[str, str] = getattr(cls, "peers_refused", {})
+    roots = {p.split(".", 1)[0] for p in verl} - set(cls.model_fields)
+    out: dict[str, Any] = {}
+    moved: dict[str, tuple[str, Any]] = {}  # dotted key → (name as given, value)
+    for key, value in tree.items():
+        if key in refused:
+            raise ConfigError(f"{source}: {key!r} has no provrl field: {refused[key]}")
+        if key in trl and key not in cls.model_fields:
+            _move(moved, trl[key], key, value, source)
+        elif key in roots and isinstance(value, Mapping):
+            for leaf in sorted(_leaves(value)):
+                path = f"{key}.{leaf}"
+                if path in refused:
+                    raise ConfigError(f"{source}: {path!r} has no provrl field: {refused[path]}")
+                if path not in verl:
+                    close = _closest(path, list(verl))
+                    raise ConfigError(f"{source}: unknown verl key {path!r}{close}")
+                _move(moved, verl[path], path, _get_dotted(value, leaf), source)
+        else:
+            out[key] = value
+    out = _canonical(cls, out, source)
+    for dotted, (name, value) in moved.items():
+        if _has_dotted(out, dotted):
+            raise ConfigError(f"{source}: {name!r} sets {dotted!r}, which is given twice")
+        _set_dotted(out, dotted, value)
+    return out
+
+
+def _move(
+    moved: dict[str, tuple[str, Any]], dotted: str, name: str, value: Any, source: str
+) -> None:
+    if dotted in moved:
+        raise ConfigError(
+            f"{source}: {moved[dotted][0]!r} and {name!r} both set {dotted!r}; give one"
+        )
+    moved[dotted] = (name, value)
+
+
+def _closest(key: str, keys: list[str]) -> str:
+    import difflib
+
+    close = difflib.get_close_matches(key, keys, n=1, cutoff=0.6)
+    return f" (did you mean {close[0]!r}?)" if close else ""
+
+
+def _get_dotted(tree: Mapping[str, Any], key: str) -> Any:
+    node: Any = tree
+    for part in key.split("."):
+        node = node[part]
+    return node
+
+
+def _has_dotted(tree: Mapping[str, Any], key: str) -> bool:
+    node: Any = tree
+    for part in key.split("."):
+        if not isinstance(node, Mapping) or part not in node:
+            return False
+        node = node[part]
+    return True
+
+
+def _canonical(cls: type[BaseModel], tree: Any, source: str, prefix: str = "") -> Any:
+    """``tree`` with every peer alias of a field (``learning_rate`` in ``rl``) under the
+    field's own name, in every section."""
+    if not isinstance(tree, Mapping):
+        return tree
+    accepted = accepted_keys(cls)
+    out: dict[str, Any] = {}
+    given_as: dict[str, str] = {}
+    for raw, value in tree.items():
+        key = str(raw)
+        name: str = accepted.get(key, key)
+        if name in out:
+            alias = key if key != name else given_as[name]
+            raise ConfigError(
+                f"{source}: {prefix + alias!r} (it sets {prefix + name!r}, which is given twice)"
+            )
+        given_as[name] = key
+        sub = _sub_section(cls, name)
+        out[name] = _canonical(sub, value, source, f"{prefix}{name}.") if sub else value
+    return out

@@ -33,7 +33,12 @@ env.eval.k=8`), generated from the field — its help is the meaning column
 (`ppo_trainer.yaml`) has a key for the same quantity, its name is in the TRL / verl column,
 and provrl accepts that name too — the TRL name or the last part of the verl path, in the
 same section (`rl.num_iterations=2` sets `rl.epochs`; `rl.objective.beta=0.04` sets
-`rl.objective.kl_coef`). Values are read in the peer's vocabulary where they differ
+`rl.objective.kl_coef`) — and at the top level, as the peer writes it: TRL's flat name
+(`--set learning_rate=1e-5` sets `rl.lr`, `num_generations=8` sets `pipeline.loop.k`; the
+SFT section's TRL names only under `sft.`) and verl's full path
+(`actor_rollout_ref.actor.optim.lr`, nested or dotted, in a preset or on the command line).
+Every name is resolved per source before the sources merge, so `--set learning_rate=1e-5`
+overrides a preset's `rl.lr`; two names of one field in one source are refused. Values are read in the peer's vocabulary where they differ
 (`loss_type: dr_grpo`, `loss_agg_mode: seq-mean-token-mean`, `kl_loss_type: low_var_kl`,
 `scale_rewards: none`). A misspelt key is refused with the closest accepted one
 (`unknown key 'rl.objective.clip_eps_lo' (did you mean 'rl.objective.clip_eps_low'?)`).
@@ -100,6 +105,13 @@ def render(cls: type[BaseModel] | None = None) -> str:
         for name, f in cls.model_fields.items():
             if f in leaves:
                 out.append(f"| `{name}` |  |  | {_default(f)} | {_cell(f.description or '')} |")
+    refused = getattr(cls, "peers_refused", {})
+    if refused:
+        out.append("\n## TRL and verl names without a provrl field\n")
+        out.append("Refused with the line on the right, which names what to use instead.")
+        out.append("\n| name | what to use |")
+        out.append("| --- | --- |")
+        out.extend(f"| `{key}` | {_cell(why)} |" for key, why in refused.items())
     old = old_names(cls)
     if old:
         out.append("\n## Old names\n")

@@ -180,7 +180,8 @@ def eval_cmd(
     ] = False,
 ) -> None:
     """Evaluate a policy on a task split: accuracy, pass@k, tool calls, tokens, per tier, K histogram."""
-    from provrl.env.build import ensure_world
+    from provrl.env.build import ensure_world, preflight_search
+    from provrl.pipeline.engines import engine_factory, stage_engine_config
     from provrl.rollout.evaluate import evaluate
 
     env = cfg.env
@@ -190,6 +191,7 @@ def eval_cmd(
     needs_world = (
         tasks is None or a.shots > 0 or (env.search.backend == "sqlite" and not env.search.index)
     )
+    preflight_search(None, env)  # a dead retriever: one line before any work
     wd = ensure_world(env.world, world_dir) if needs_world else None
     name = Path(policy).name if Path(policy).exists() else policy
     tag = f"-tiers{''.join(map(str, ev.tiers))}" if ev.tiers else ""
@@ -202,9 +204,10 @@ def eval_cmd(
         rd,
         tasks_file=tasks,
         tokenizer=tokenizer,
-        engine_cfg=cfg.engine if "engine" in cfg.model_fields_set else None,
+        engine_cfg=stage_engine_config(cfg, ev.concurrency),  # as provrl run's eval stage
         progress=not as_json,
         dtype=cfg.model.dtype,
+        make_engine=engine_factory(cfg),  # engine.backend: local | vllm | ray
     )
     if as_json:
         typer.echo(json.dumps(summary))

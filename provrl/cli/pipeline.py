@@ -134,13 +134,14 @@ def probe(
     the provenance log, and a manifest of policy, tools, sampling and prompt."""
     import json
 
-    from provrl.env.build import ensure_world, load_split
+    from provrl.env.build import ensure_world, load_split, preflight_search
     from provrl.filtering import K_TABLE_HEADER, format_k_table
-    from provrl.pipeline.engines import stage_engine_config
+    from provrl.pipeline.engines import engine_factory, stage_engine_config
     from provrl.pipeline.probe import format_transitions, run_filter, run_probe
     from provrl.rollout.evaluate import select_tasks
 
     cfg = load_config(RunConfig, preset, overrides or [])
+    preflight_search(None, cfg.env)  # a dead retriever: one line before any work
     world_dir = ensure_world(cfg.env.world)
     if tasks is not None and pool is not None:
         raise typer.BadParameter("give --tasks or --pool, not both")
@@ -162,9 +163,10 @@ def probe(
         k=kk,
         seed=cfg.seed,
         dtype=cfg.model.dtype,
-        engine_cfg=stage_engine_config(cfg, c),
+        engine_cfg=stage_engine_config(cfg, c),  # as provrl run's probe stage
         concurrency=c,
         progress=progress and not as_json,
+        make_engine=engine_factory(cfg),  # engine.backend: local | vllm | ray
     )
     moved = None
     if pool is not None and (pool.parent / "filter.json").is_file():
@@ -184,7 +186,9 @@ def probe(
     typer.echo(
         f"{tp['episodes']} episodes ({tp['episodes_reused']} reused from the log), "
         f"{tp['episodes_per_s']:.2f} episodes/s, {tp['tokens_per_s']:.0f} tokens/s, engine busy "
-        f"{tp['engine_busy_frac']:.0%}, mean batch occupancy {tp['mean_batch_occupancy']:.1f}"
+        f"{tp['engine_busy_frac']:.0%}, mean batch occupancy {tp['mean_batch_occupancy']:.1f}; "
+        f"tool errors {tp['tool_errors']} of {tp['tool_calls_run']} calls "
+        f"({tp['tool_error_rate']:.0%})"
     )
     if moved is not None:
         typer.echo(f"re-probe of {pool} — tasks moved (rows: old pool, columns: new pool):")

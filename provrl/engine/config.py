@@ -147,3 +147,20 @@ class EngineConfig(Section):
                 f"leave it at {default!r} or use backend: local"
             )
         return value
+
+
+def for_stage(
+    base: EngineConfig, concurrency: int, *, seed: int | None = None, threads: int | None = None
+) -> EngineConfig:
+    """The engine settings of one stage: ``base`` (the run's ``engine`` section) with a KV
+    slot for each of the stage's ``concurrency`` agent loops in flight (``max_seqs`` ≥
+    concurrency) and, where given, the stage's sampler ``seed`` and scheduler ``threads``.
+    Everything else (context length, dtype, device, prefix cache, …) is ``base``'s, so every
+    command serves a policy with the same engine (:func:`provrl.pipeline.engines.
+    stage_engine_config` applies it to a run config)."""
+    update: dict[str, Any] = {"max_seqs": max(base.max_seqs, concurrency)}
+    if seed is not None:
+        update["seed"] = seed
+    if threads is not None:
+        update["threads"] = threads
+    return base.model_copy(update=update)

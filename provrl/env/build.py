@@ -141,7 +141,10 @@ def search_backend(world_dir: str | os.PathLike[str] | None, cfg: EnvConfig) -> 
     backend: SearchBackend
     if cfg.search.backend == "http":
         url = cfg.search.url.rstrip("/").removesuffix("/retrieve")
-        backend = HttpSearch(url, cfg.agent.tool_timeout_s)
+        s = cfg.search
+        backend = HttpSearch(
+            url, cfg.agent.tool_timeout_s, retries=s.retries, backoff_s=s.retry_backoff_s
+        )
     else:
         if cfg.search.index:
             index: Path = Path(cfg.search.index)
@@ -161,3 +164,29 @@ def search_backend(world_dir: str | os.PathLike[str] | None, cfg: EnvConfig) -> 
     if cfg.search.latency.kind != "none":
         backend = WithLatency(backend, LatencyModel(cfg.search.latency), cfg.agent.tool_timeout_s)
     return backend
+
+
+def check_search(backend: SearchBackend) -> None:
+    """The preflight of a built search tool: an HTTP service must answer
+    (:meth:`~provrl.env.http_search.HttpSearch.check`, one :class:`SearchError` line if
+    not); an index file opened when it was built."""
+    inner = getattr(backend, "inner", backend)  # under a simulated latency
+    if isinstance(inner, HttpSearch):
+        inner.check()
+
+
+def preflight_search(world_dir: str | os.PathLike[str] | None, cfg: EnvConfig) -> None:
+    """Before any work: the search tool ``cfg.search`` names is there (:func:`check_search`),
+    or one line says which and what to do. The world's own index (no ``world_dir`` yet) is
+    built with the world and not checked. ``provrl run``, ``eval`` and ``probe`` call it
+    first, so a dead retriever stops them before a model loads instead of turning every
+    search into a "search failed" observation."""
+    if cfg.search.backend == "sqlite" and not cfg.search.index and world_dir is None:
+        return
+    backend = search_backend(world_dir, cfg)
+    try:
+        check_search(backend)
+    finally:
+        close = getattr(backend, "close", None)  # not part of the SearchBackend protocol
+        if close is not None:
+            close()

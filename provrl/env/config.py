@@ -120,6 +120,25 @@ class SearchConfig(Section):
         description="URL of the /retrieve service (backend=http), with or without the "
         "trailing /retrieve.",
     )
+    retries: int = Field(
+        2,
+        ge=0,
+        le=10,
+        description="backend=http: retries of a request that cannot connect or is answered "
+        "429/502/503/504, after retry_backoff_s, then twice that, … (a request that timed "
+        "out is not retried).",
+    )
+    retry_backoff_s: float = Field(
+        0.25, ge=0, description="backend=http: wait before the first retry (doubling after)."
+    )
+    max_tool_error_rate: float = Field(
+        0.5,
+        ge=0,
+        le=1,
+        description="Stop a probe, eval or RL stage with one line when more than this share "
+        "of the last 50 search/open calls (judged from 20 on) failed: the policy would be "
+        "scored, or trained, on error observations. 1 never stops.",
+    )
     index: str = Field(
         "",
         description="backend=sqlite: an index file built by `provrl index docs.jsonl` (a "

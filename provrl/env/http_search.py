@@ -303,26 +303,79 @@ def _detail(r: httpx.Response) -> str:
     return " ".join(str(d).split())[:300]
 
 
+RETRY_STATUS = frozenset({429, 502, 503, 504})
+"""Answers a retry may cure: rate limited, a proxy without its backend, a service overloaded
+or over its own time budget."""
+
+
 class HttpSearch:
-    """Client backend for any ``/retrieve`` service (Search-R1, FlashRAG, provrl's own)."""
+    """Client backend for any ``/retrieve`` service (Search-R1, FlashRAG, provrl's own).
+
+    A request that cannot connect, or is answered with one of :data:`RETRY_STATUS`, is
+    retried up to ``retries`` times, after ``backoff_s · 2^i`` seconds before retry i + 1; a
+    request that connected and then ran past ``timeout_s`` is not (the query had its time).
+    :meth:`check` is the preflight every command runs before any work."""
 
     name = "http-retrieve"
 
-    def __init__(self, url: str, timeout_s: float = 10.0) -> None:
+    def __init__(
+        self, url: str, timeout_s: float = 10.0, *, retries: int = 2, backoff_s: float = 0.25
+    ) -> None:
         self.url = url.rstrip("/")
         self._client = httpx.Client(timeout=timeout_s)
         self._fingerprint: str | None = None
+        self.retries, self.backoff_s = retries, backoff_s
+        self.retried = 0
+        """Retries made so far (each a failed try that was tried again)."""
+
+    def _request(self, method: str, path: str, **kw: Any) -> httpx.Response:
+        """``method`` on ``url + path`` with the retries of the class docstring; a failure
+        that outlasts them raises :class:`SearchError` (``TimeoutError`` for a timeout)."""
+        url = f"{self.url}{path}"
+        for i in range(self.retries + 1):
+            if i:
+                self.retried += 1
+                time.sleep(self.backoff_s * 2 ** (i - 1))
+            try:
+                r = self._client.request(method, url, **kw)
+            except httpx.ConnectTimeout as e:
+                failure = f"{e or 'connect timeout'}"
+            except httpx.TimeoutException as e:
+                raise TimeoutError(f"{url} timed out") from e
+            except httpx.TransportError as e:
+                failure = str(e) or type(e).__name__
+            except httpx.HTTPError as e:
+                raise SearchError(f"{url} failed: {e}") from e
+            else:
+                if r.status_code not in RETRY_STATUS or i == self.retries:
+                    return r
+                failure = f"HTTP {r.status_code}: {_detail(r)}"
+        tries = f" ({self.retries + 1} tries)" if self.retries else ""
+        raise SearchError(f"{url} failed{tries}: {failure}")
+
+    def check(self) -> None:
+        """Preflight: the service answers ``GET /health`` (provrl's) or, a server without it
+        (Search-R1's), one ``POST /retrieve``; else one :class:`SearchError` line naming the
+        URL and what to do."""
+        hint = "start the retriever (e.g. provrl serve-search) or fix env.search.url"
+        try:
+            r = self._request("GET", "/health")
+        except (SearchError, TimeoutError) as e:
+            raise SearchError(f"search backend {self.url} does not answer: {e}; {hint}") from None
+        if r.status_code == 200:
+            return
+        try:
+            self.search("health check", 1)
+        except (SearchError, TimeoutError) as e:
+            raise SearchError(
+                f"search backend {self.url}: GET /health answered HTTP {r.status_code} and "
+                f"{e}; {hint}"
+            ) from None
 
     def search(self, query: str, k: int) -> list[Hit]:
-        try:
-            r = self._client.post(
-                f"{self.url}/retrieve",
-                json={"queries": [query], "topk": k, "return_scores": True},
-            )
-        except httpx.TimeoutException as e:
-            raise TimeoutError(f"{self.url}/retrieve timed out") from e
-        except httpx.HTTPError as e:
-            raise SearchError(f"{self.url}/retrieve failed: {e}") from e
+        r = self._request(
+            "POST", "/retrieve", json={"queries": [query], "topk": k, "return_scores": True}
+        )
         if r.status_code in (413, 422):  # the query is out of the server's bounds
             raise QueryError(f"{self.url}/retrieve refused the query: {_detail(r)}")
         if r.status_code >= 400:
@@ -340,12 +393,7 @@ class HttpSearch:
         return hits
 
     def open(self, doc_id: str) -> str | None:
-        try:
-            r = self._client.get(f"{self.url}/documents/{quote(doc_id.strip(), safe='')}")
-        except httpx.TimeoutException as e:
-            raise TimeoutError(f"{self.url}/documents timed out") from e
-        except httpx.HTTPError as e:
-            raise SearchError(f"{self.url}/documents failed: {e}") from e
+        r = self._request("GET", f"/documents/{quote(doc_id.strip(), safe='')}")
         if r.status_code == 404:
             return None
         if r.status_code >= 400:

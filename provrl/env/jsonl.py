@@ -8,7 +8,7 @@ than ``max_records`` records; orjson refuses JSON nested deeper than 1024 levels
 from __future__ import annotations
 
 import os
-from collections.abc import Iterator
+from collections.abc import Generator
 from pathlib import Path
 from typing import Any
 
@@ -27,7 +27,7 @@ def iter_records(
     *,
     max_line_bytes: int = MAX_LINE_BYTES,
     max_records: int = MAX_RECORDS,
-) -> Iterator[tuple[int, Any]]:
+) -> Generator[tuple[int, Any], None, None]:
     """``(line number, decoded JSON)`` for every non-blank line of ``path``. A missing file,
     a line that is not JSON or over ``max_line_bytes``, or more than ``max_records``
     records raise ``error`` naming ``path`` (and ``path:line``)."""

@@ -22,7 +22,8 @@ One task per line in ``tasks/{split}.jsonl``::
 
 Plain question/answer records ``{"question": ..., "answer": "..." | [...], "id": ...}`` (a
 user's own data) are read by :func:`read_task_file` as tier-0 tasks of kind ``plain``
-without an oracle plan (docs/data.md).
+without an oracle plan (docs/data.md). Written back (a probe's ``tasks.jsonl``, a filter
+pool), they keep ``"tier": 0`` and read back through :func:`load_tasks` unchanged.
 
 The split of a task is a hash of ``answer_entity`` (the entity the answer names, or for a
 number, the entity it is about), so train / dev / test never share an answer entity.
@@ -44,6 +45,8 @@ from provrl.env.jsonl import iter_records
 
 SPLITS = ("train", "dev", "test")
 TIER_NAMES = {1: "lookup", 2: "two-hop", 3: "multi-constraint", 4: "comparison"}
+USER_TIER = 0
+"""``Task.tier`` of a user's own task (a plain QA record): no tier of the world, no oracle."""
 
 
 class TaskFileError(ValueError):
@@ -145,8 +148,11 @@ def task_from_json(d: Any, where: str) -> Task:
     _check_sizes(d, where)
     if d["split"] not in SPLITS:
         raise TaskFileError(f"{where}: field 'split' must be one of {SPLITS}, got {d['split']!r}")
-    if d["tier"] not in TIER_NAMES:
-        raise TaskFileError(f"{where}: field 'tier' must be 1-4, got {d['tier']!r}")
+    if d["tier"] not in TIER_NAMES and d["tier"] != USER_TIER:
+        raise TaskFileError(
+            f"{where}: field 'tier' must be 1-4 (a world task) or 0 (a user task), "
+            f"got {d['tier']!r}"
+        )
     if not d["question"].strip() or not d["answer"].strip():
         raise TaskFileError(
             f"{where}: field {'question' if not d['question'].strip() else 'answer'!r} is empty"
@@ -245,7 +251,7 @@ def plain_task_from_json(d: Any, where: str, lineno: int, split: str) -> Task:
     return Task(
         task_id=str(tid),
         split=split,
-        tier=0,
+        tier=USER_TIER,
         kind=PLAIN_KIND,
         question=q.strip(),
         answer=answers[0],

@@ -10,7 +10,9 @@ ray             :class:`provrl.distributed.RayEngines`: replicas    :class:`RayL
 ==============  =================================================  ======================
 
 :func:`provrl.pipeline.run.run_pipeline` builds the factory once and hands it to the probe,
-eval and RL stages (:mod:`provrl.rollout.setup` builds each stage's environment with it).
+eval and RL stages (:mod:`provrl.rollout.setup` builds each stage's environment with it);
+``provrl eval`` and ``provrl probe`` build theirs here too, and every engine's settings come
+from :func:`stage_engine_config`.
 """
 
 from __future__ import annotations
@@ -23,7 +25,7 @@ from provrl.distributed.engine import RayEngine
 from provrl.distributed.factory import RayEngines
 from provrl.distributed.trainer import RayLearner
 from provrl.engine.api import Engine, EngineFactory
-from provrl.engine.config import EngineConfig
+from provrl.engine.config import EngineConfig, for_stage
 from provrl.engine.factory import make_engine
 from provrl.models.loading import DTYPES, LoadedModel
 from provrl.run_config.run import RunConfig
@@ -46,9 +48,14 @@ def make_rollout_engine(
     return engine_factory(cfg)(lm, engine_cfg or cfg.engine, version=version)
 
 
-def stage_engine_config(cfg: RunConfig, concurrency: int) -> EngineConfig:
-    """``cfg.engine`` with a KV slot for each of a stage's ``concurrency`` agent loops."""
-    return cfg.engine.model_copy(update={"max_seqs": max(cfg.engine.max_seqs, concurrency)})
+def stage_engine_config(
+    cfg: RunConfig, concurrency: int, *, seed: int | None = None, threads: int | None = None
+) -> EngineConfig:
+    """The one derivation of an engine's settings from a run config: ``cfg.engine`` with a
+    KV slot for each of a stage's ``concurrency`` agent loops, and the stage's sampler
+    ``seed`` and scheduler ``threads`` where given (:func:`provrl.engine.config.for_stage`).
+    ``provrl run`` (probe, RL, eval), ``provrl eval`` and ``provrl probe`` all call it."""
+    return for_stage(cfg.engine, concurrency, seed=seed, threads=threads)
 
 
 def make_learner(

@@ -71,7 +71,6 @@ from provrl.distributed.factory import fleet_summary
 from provrl.engine.api import EngineFactory, HotLoadMode
 from provrl.env.tasks import Task
 from provrl.failpoints import failpoint
-from provrl.models.loading import load_model
 from provrl.pipeline.admission import (
     Ema,
     group_lag,
@@ -80,8 +79,8 @@ from provrl.pipeline.admission import (
     paced_start,
     split_stale,
 )
+from provrl.pipeline.build import build_rl_parts
 from provrl.pipeline.curriculum import Curriculum, Evidence, has_signal
-from provrl.pipeline.engines import engine_factory, make_learner
 from provrl.pipeline.rundir import COMPLETE, RunDir
 from provrl.pipeline.steplog import (
     STEPS,
@@ -92,9 +91,7 @@ from provrl.pipeline.steplog import (
 )
 from provrl.pipeline.steplog import read_steps as read_steps  # re-exported: its old home
 from provrl.provenance import Trajectory
-from provrl.report.metrics import MetricsWriter
 from provrl.rollout.collector import Collector, Group, group_key
-from provrl.rollout.setup import build_env
 from provrl.run_config.run import RunConfig
 from provrl.trajlog import TrajectoryWriter, read_trajectories
 
@@ -221,37 +218,21 @@ class RLLoop:
         self.step_lines = restore_steps(self.rl_dir, None if latest is None else latest[1])
         """The lines of steps 1…N, as the newest checkpoint holds them (``steps.jsonl``)."""
         batch_rows = restore_metrics(self.rl_dir / "metrics.jsonl", self.state.steps)
-        torch.manual_seed(self.seed + self.state.version)
-        self.lm = load_model(policy_path, dtype=cfg.model.dtype, device=cfg.model.device)
-        self.engine_threads, self.trainer_threads = cfg.engine.threads, 0
-        if self.loop.mode == "async" and self.loop.split_cores:
-            half = max(1, torch.get_num_threads() // 2)
-            self.engine_threads, self.trainer_threads = half, half
-        engine_cfg = cfg.engine.model_copy(
-            update={
-                "max_seqs": max(cfg.engine.max_seqs, self.loop.concurrency),
-                "seed": self.seed + self.state.version,
-                "threads": self.engine_threads,
-            }
-        )
-        engines = engines or engine_factory(cfg)  # engine.backend: local | vllm | ray
-        self.engine = engines(self.lm, engine_cfg, version=self.state.version)
-        self.env = build_env(
-            self.engine, self.lm, world_dir, cfg.env, extra={"start": start_policy}
-        )
-        self.metrics = MetricsWriter.from_logging(
-            self.rl_dir, cfg.logging, config=cfg.model_dump(mode="json")
-        )
-        self.rebuild_batch_rows(batch_rows)
-        self.learner = make_learner(  # engine.backend: ray → a trainer actor; else this process
-            self.lm,
+        parts = build_rl_parts(  # model, engine, environment, learner, metrics sink
             cfg,
-            self.engine,
+            self.rl_dir,
+            world_dir,
+            policy=policy_path,
+            start_policy=start_policy,
             version=self.state.version,
-            metrics=self.metrics,
-            threads=self.trainer_threads,
+            seed=self.seed,
             optimizer_state=None if latest is None else latest[1],
+            engines=engines,
         )
+        self.lm, self.engine, self.env = parts.lm, parts.engine, parts.env
+        self.learner, self.metrics = parts.learner, parts.metrics
+        self.engine_threads, self.trainer_threads = parts.engine_threads, parts.trainer_threads
+        self.rebuild_batch_rows(batch_rows)
         self.dropped_before = len(set(self.state.dropped))  # trajectories, earlier sessions
         self.reprobes: set[str] = set()
         """Group keys started as re-probes of the unsolved or solved pool (this session)."""

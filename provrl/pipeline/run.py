@@ -18,6 +18,7 @@ resumes from its last checkpoint.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import random
 import time
@@ -28,7 +29,8 @@ import numpy as np
 
 from provrl._sys import release_memory, writing
 from provrl.config import ConfigError
-from provrl.env.build import ensure_world, load_split
+from provrl.env.build import ensure_world, load_split, preflight_search
+from provrl.env.jsonl import iter_records
 from provrl.env.oracle import run_explorer, run_oracle
 from provrl.env.tasks import Task, read_task_file
 from provrl.failpoints import failpoint
@@ -60,7 +62,7 @@ def slices(train: list[Task], test: list[Task], cfg: RunConfig) -> dict[str, lis
             f"pipeline.tasks: warmstart={s.warmstart} + probe={s.probe} exceeds the "
             f"{len(pool)} train tasks of tiers {list(s.tiers)}"
         )
-    warm = pool[: s.warmstart] if cfg.pipeline.warmstart else []
+    warm = pool[: s.warmstart] if cfg.pipeline.warmstart and not cfg.pipeline.warmstart_data else []
     probe = pool[s.warmstart : s.warmstart + s.probe]
     if s.file is not None:
         probe = read_task_file(s.file, split="train")
@@ -85,6 +87,8 @@ def run_pipeline(cfg: RunConfig, run_dir: str | Path, *, progress: bool = True) 
     np.random.seed(cfg.seed)
     torch.manual_seed(cfg.seed)
     say = _say(progress)
+    check_warm_start(cfg)  # before any work: a warm start that cannot produce data,
+    preflight_search(None, cfg.env)  # a dead retriever
     engines = engine_factory(cfg)  # the one engine factory: probe, RL and eval build through it
 
     # world ---------------------------------------------------------------------------------
@@ -195,11 +199,53 @@ def _stage(run: RunDir, name: str, fn: Any) -> dict[str, Any]:
     return out
 
 
+def check_warm_start(cfg: RunConfig) -> None:
+    """Refuse, with one line and before any work, a warm start that cannot produce data: a
+    ``pipeline.warmstart_data`` file that is missing, or the world's teacher on a user's own
+    index (it solves the world's tasks on the world's index only)."""
+    p, s = cfg.pipeline, cfg.env.search
+    if not p.warmstart:
+        return
+    for f in p.warmstart_data:
+        if not Path(f).exists():
+            raise ConfigError(f"pipeline.warmstart_data: {f}: no such file or directory")
+    if not p.warmstart_data and s.index:
+        raise ConfigError(
+            f"pipeline.warmstart: the {p.teacher} teacher solves the built-in world's tasks on "
+            f"the world's index, not on env.search.index={s.index}; give your own warm-start "
+            "data (--set pipeline.warmstart_data=[chat.jsonl]: chat JSONL or trajectory logs) "
+            "or --set pipeline.warmstart=false"
+        )
+
+
+def warmstart_files(paths: tuple[str, ...]) -> tuple[list[Path], list[Path]]:
+    """``pipeline.warmstart_data`` split into (trajectory logs, chat JSONL files): a file whose
+    first record has ``messages`` is chat, anything else (a log, a run directory) traces."""
+    traces: list[Path] = []
+    chats: list[Path] = []
+    for raw in paths:
+        f, first = Path(raw), None
+        if f.is_file():
+            with contextlib.closing(iter_records(f, ConfigError, "warm-start file")) as records:
+                first = next(records, (0, None))[1]
+        (chats if isinstance(first, dict) and "messages" in first else traces).append(f)
+    return traces, chats
+
+
 def warm_start(
     cfg: RunConfig, run: RunDir, world_dir: Path, tasks: list[Task], progress: bool
 ) -> dict[str, Any]:
-    """Oracle traces of ``tasks`` (teacher data, labelled as such) → SFT of the base model."""
+    """Oracle traces of ``tasks`` (teacher data, labelled as such) → SFT of the base model;
+    with ``pipeline.warmstart_data``, SFT on the user's files instead."""
     d = run.stage("warmstart")
+    if cfg.pipeline.warmstart_data:
+        logs, chats = warmstart_files(cfg.pipeline.warmstart_data)
+        summary = run_sft(
+            logs, cfg.model.name, d / "ckpt", cfg.sft, run_dir=d, dtype=cfg.model.dtype, data=chats
+        )
+        summary["source"] = "user data (" + ", ".join(cfg.pipeline.warmstart_data) + ")"
+        summary["tasks"] = 0
+        return summary
     a = cfg.env.agent
     tools = agent_tools(world_dir, cfg.env, shots=False)  # teacher traces have no shots
     backend = tools.backend
@@ -218,6 +264,13 @@ def warm_start(
                 tr.meta["source"] = "teacher"
                 tr.meta["teacher"] = teacher
                 traces.append(tr)
+    if not traces:
+        where = cfg.env.search.url if cfg.env.search.backend == "http" else "the world's index"
+        raise ConfigError(
+            f"warm start: the {teacher} teacher solved none of {len(tasks)} train tasks on "
+            f"{where}; give your own warm-start data (--set pipeline.warmstart_data=[FILE]) "
+            "or --set pipeline.warmstart=false"
+        )
     (d / "teacher.jsonl").unlink(missing_ok=True)  # a rerun after a kill rewrites it whole
     with TrajectoryWriter(d / "teacher.jsonl") as w:
         w.write_many(traces)

@@ -30,7 +30,7 @@ import functools
 import hashlib
 import json
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -46,7 +46,7 @@ from provrl.env.prompts import (
 )
 from provrl.env.protocol import Call, Malformed, parse, stop_strings
 from provrl.env.rewards import exact_match, reward, token_f1
-from provrl.env.search import SearchBackend, SearchError
+from provrl.env.search import QueryError, SearchBackend, SearchError
 from provrl.env.tasks import Task
 from provrl.models.chat import chat_ids, continuation_ids, stop_token_ids, tokenizer_identity
 from provrl.provenance import Identity, SamplingParams, ToolCall, Trajectory, TrajectoryBuilder
@@ -145,6 +145,41 @@ def _params(env: AgentEnv, max_new: int, seed: int) -> SamplingParams:
     )
 
 
+CALL_LIMIT = "tool call limit"
+"""The error of a well-formed call refused for ``max_tool_calls`` (not a tool failure)."""
+QUERY_REFUSED = "query refused"
+"""How the error of a call the tool refused for the query's own bounds begins
+(:class:`~provrl.env.search.QueryError`: too long, too many terms): the policy's fault, not
+a tool failure."""
+
+
+def tool_ran(call: ToolCall) -> bool:
+    """A search or open call that reached the tool (not refused for the call limit)."""
+    return call.name in ("search", "open") and call.error != CALL_LIMIT
+
+
+def tool_failed(call: ToolCall) -> bool:
+    """A call the tool failed on: timed out, service down, bad answer (not a refused query)."""
+    return tool_ran(call) and not call.ok and not (call.error or "").startswith(QUERY_REFUSED)
+
+
+def tool_failures(trajs: Iterable[Trajectory]) -> dict[str, Any]:
+    """Search and open calls the tool failed on (timed out, service down, bad answer: the
+    agent saw an error observation), against the calls run: ``tool_calls_run``,
+    ``tool_errors`` and ``tool_error_rate`` = errors / calls (0 with no call). Malformed calls
+    and calls refused for the call limit never reached the tool and are not counted; a
+    query the tool refused for its own bounds (:data:`QUERY_REFUSED`) counts as run, not
+    failed."""
+    run = errors = 0
+    for t in trajs:
+        for c in t.tool_calls:
+            if tool_ran(c):
+                run += 1
+                errors += tool_failed(c)
+    rate = errors / run if run else 0.0
+    return {"tool_calls_run": run, "tool_errors": errors, "tool_error_rate": rate}
+
+
 def run_tool(env: AgentEnv, call: Call) -> tuple[str, ToolCall]:
     """Execute a search/open call; failures become error observations, never exceptions."""
     t0 = time.perf_counter()
@@ -156,6 +191,8 @@ def run_tool(env: AgentEnv, call: Call) -> tuple[str, ToolCall]:
         ok, err = True, None
     except TimeoutError as e:
         obs, ok, err = format_error(f"{call.name} timed out"), False, str(e)
+    except QueryError as e:  # the query is out of the tool's bounds: the policy's doing
+        obs, ok, err = format_error(f"{call.name} failed"), False, f"{QUERY_REFUSED}: {e}"
     except (SearchError, OSError, ValueError) as e:
         obs, ok, err = format_error(f"{call.name} failed"), False, str(e)
     return obs, ToolCall(0, call.name, call.argument, ok, err, time.perf_counter() - t0)
@@ -238,9 +275,7 @@ def run_episode(
                     break
                 obs = format_error(parsed.error)
             elif n.tool_calls >= a.max_tool_calls:  # a well-formed call over the limit
-                b.add_tool_call(
-                    ToolCall(turn, parsed.name, parsed.argument, False, "tool call limit")
-                )
+                b.add_tool_call(ToolCall(turn, parsed.name, parsed.argument, False, CALL_LIMIT))
                 obs = format_error("tool call limit reached: give your <answer> now")
             else:  # search / open: run the tool (failures become error observations)
                 obs, call = run_tool(env, parsed)

@@ -30,10 +30,18 @@ from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass, field
 from typing import Any
 
+from provrl.env.search import SearchError
 from provrl.env.tasks import Task
 from provrl.failpoints import failpoint
 from provrl.provenance import Trajectory
-from provrl.rollout.agent import AgentEnv, derive_seed, run_episode
+from provrl.rollout.agent import (
+    AgentEnv,
+    derive_seed,
+    run_episode,
+    tool_failed,
+    tool_failures,
+    tool_ran,
+)
 from provrl.trajlog import TrajectoryWriter
 
 
@@ -93,6 +101,9 @@ class CollectorStats:
     episodes_refused: int = 0  # admission control said no at least once for this slot
     groups: int = 0
     wall_s: float = 0.0
+    tool_calls_run: int = 0
+    tool_errors: int = 0
+    """Search/open calls that failed (:func:`~provrl.rollout.agent.tool_failures`)."""
     engine: dict[str, float] = field(default_factory=dict)
 
     def as_dict(self) -> dict[str, Any]:
@@ -102,6 +113,11 @@ class CollectorStats:
             "episodes": self.episodes,
             "episodes_reused": self.episodes_reused,
             "groups": self.groups,
+            "tool_calls_run": self.tool_calls_run,
+            "tool_errors": self.tool_errors,
+            "tool_error_rate": self.tool_errors / self.tool_calls_run
+            if self.tool_calls_run
+            else 0.0,
             "replicas": int(e.get("replicas", 1.0)),  # engine replicas the episodes ran on
             "wall_s": round(self.wall_s, 3),
             "episodes_per_s": self.episodes / self.wall_s if self.wall_s else 0.0,
@@ -117,6 +133,12 @@ class CollectorStats:
             # generated rows per engine step: how full continuous batching kept the batch
             "mean_batch_occupancy": e.get("tokens_generated", 0.0) / steps if steps else 0.0,
         }
+
+
+TOOL_WINDOW = 50
+"""Search/open calls the tool-error stop looks back over (``search.max_tool_error_rate``)."""
+TOOL_MIN_CALLS = 20
+"""Calls in the window before the tool-error stop judges (a few early failures are noise)."""
 
 
 class Collector:
@@ -148,6 +170,7 @@ class Collector:
         self._t0 = time.perf_counter()
         self._engine0 = _engine_stats(env)
         self.stats = CollectorStats()
+        self._recent: deque[bool] = deque(maxlen=TOOL_WINDOW)  # recent calls: failed?
 
     # ------------------------------------------------------------------ push / pull
     def submit(
@@ -275,10 +298,29 @@ class Collector:
             self.on_trajectory(traj)
         p.slots[s] = traj
         self.stats.episodes += 1
+        self._count_tool_failures(traj)
         if self._bar is not None:
             self._bar.update(1)
         if all(x is not None for x in p.slots):
             self._complete(p)
+
+    def _count_tool_failures(self, traj: Trajectory) -> None:
+        """Add ``traj``'s search/open calls to the counts, and stop (one
+        :class:`~provrl.env.search.SearchError` line) when more than
+        ``search.max_tool_error_rate`` of the last :data:`TOOL_WINDOW` calls failed."""
+        self._recent.extend(tool_failed(c) for c in traj.tool_calls if tool_ran(c))
+        tools = tool_failures([traj])
+        self.stats.tool_calls_run += tools["tool_calls_run"]
+        self.stats.tool_errors += tools["tool_errors"]
+        limit = self.env.search.max_tool_error_rate
+        failed = sum(self._recent)
+        if limit < 1 and len(self._recent) >= TOOL_MIN_CALLS and failed > limit * len(self._recent):
+            last = next((c.error for c in reversed(traj.tool_calls) if not c.ok), None)
+            raise SearchError(
+                f"{failed} of the last {len(self._recent)} search/open calls failed (more than "
+                f"env.search.max_tool_error_rate={limit:g}; last: {last}): the tool is down or "
+                "misconfigured, and the policy would be scored or trained on error observations"
+            )
 
     def _complete(self, p: _Pending) -> None:
         trajs = [x for x in p.slots if x is not None]

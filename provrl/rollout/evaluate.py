@@ -7,7 +7,10 @@ For each of N tasks, k episodes are sampled; K = number of exact-match successes
     hist[K]    = #{i : K_i = K},  K = 0..k
 
 pass@j is reported for j = 1, 2, 4, …, k (and k itself). With the oracle (deterministic)
-every sample of a task is the same, so it runs once per task and counts k times.
+every sample of a task is the same, so it runs once per task and counts k times. Tool
+failures (``tool_errors``, ``tool_error_rate``: searches and opens that ended in an error
+observation) are counted too: an accuracy over "search failed" observations is not the
+policy's.
 
 Episodes run concurrently — ``concurrency`` agent loops share one engine, so continuous
 batching has work — and every trajectory is appended to ``run_dir/trajectories.jsonl`` as
@@ -37,7 +40,7 @@ from provrl.models.chat import tokenizer_identity
 from provrl.provenance import Identity, Trajectory
 from provrl.report.metrics import MetricsWriter
 from provrl.report.plots import plot_eval
-from provrl.rollout.agent import oracle_trajectory
+from provrl.rollout.agent import oracle_trajectory, tool_failures
 from provrl.rollout.collector import Collector
 from provrl.rollout.setup import agent_tools, build_env, env_policy_identity, open_engine
 from provrl.trajlog import TrajectoryWriter, read_all, read_trajectories
@@ -90,6 +93,7 @@ def summarize(tasks: Sequence[Task], trajs: Sequence[Trajectory], k: int) -> dic
             "mean_malformed_calls": m("malformed_calls"),
             "answered_rate": m("answered"),
             "searched_rate": float(np.mean([x.metrics["num_searches"] > 0 for x in samples])),
+            **tool_failures(samples),
             "K_histogram": {str(j): int(v) for j, v in enumerate(hist)},
         }
 

@@ -25,9 +25,9 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from provrl.engine.api import Engine, EngineFactory
-from provrl.engine.config import EngineConfig
+from provrl.engine.config import EngineConfig, for_stage
 from provrl.engine.factory import make_engine as local_engine
-from provrl.env.build import load_split, search_backend
+from provrl.env.build import check_search, load_split, search_backend
 from provrl.env.config import EnvConfig
 from provrl.env.oracle import run_oracle
 from provrl.env.prompts import Message, question_message
@@ -44,15 +44,11 @@ SHOT_TIERS = (1, 2, 3, 4)
 
 
 def engine_config(env_cfg: EnvConfig, *, dtype: str = "float32") -> EngineConfig:
-    """The engine an environment runs on when the caller names none: a KV slot per agent loop
-    in flight (``eval.concurrency``), room for an episode's whole token budget
-    (``agent.max_total_tokens`` + 8, at least 512) and the eval seed."""
-    return EngineConfig(
-        max_seqs=env_cfg.eval.concurrency,
-        max_context=max(env_cfg.agent.max_total_tokens + 8, 512),
-        seed=env_cfg.eval.seed,
-        dtype=dtype,  # type: ignore[arg-type]
-    )
+    """The engine an environment runs on when the caller names none (a library call without
+    a run config): the default :class:`EngineConfig` in ``dtype`` for ``eval.concurrency``
+    agent loops and the eval seed, by the one rule :func:`provrl.engine.config.for_stage`."""
+    base = EngineConfig(dtype=dtype)  # type: ignore[arg-type]
+    return for_stage(base, env_cfg.eval.concurrency, seed=env_cfg.eval.seed)
 
 
 @dataclass(frozen=True)
@@ -76,15 +72,17 @@ def agent_tools(
     identity, and ``env_cfg.agent.shots`` worked examples — never on a task whose answer is in
     ``exclude_answers`` (``shots=False``: none, for callers that show no prompt)."""
     a = env_cfg.agent
+    own = world_dir is None or env_cfg.search.backend != "sqlite" or env_cfg.search.index
+    if shots and a.shots and own:
+        raise ValueError(
+            f"shots={a.shots}: worked examples are oracle dialogues on the built-in world's "
+            "train tasks and its index; use shots=0 with your own tasks or search backend"
+        )
     backend = search_backend(world_dir, env_cfg)
+    check_search(backend)  # a dead retriever: one line now, not "search failed" per call
     tools = tools_identity(backend, env_cfg.search, a)
     examples: list[list[Message]] = []
-    if shots and a.shots:
-        if world_dir is None or env_cfg.search.backend != "sqlite" or env_cfg.search.index:
-            raise ValueError(
-                f"shots={a.shots}: worked examples are oracle dialogues on the built-in world's "
-                "train tasks and its index; use shots=0 with your own tasks or search backend"
-            )
+    if shots and a.shots and world_dir is not None:
         examples = worked_examples(
             load_split(world_dir, "train"), a.shots, backend, env_cfg, set(exclude_answers)
         )

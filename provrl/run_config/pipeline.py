@@ -43,7 +43,8 @@ class TaskSliceConfig(Section):
         description="A task file (provrl tasks or plain {question, answer} JSONL, "
         "provrl.env.tasks.read_task_file) probed and trained on instead of the world's train "
         "split (all of it: probe and tiers do not apply); the warm start still imitates the "
-        "world's oracle traces, and evaluation stays on the world's test split.",
+        "world's oracle traces (unless pipeline.warmstart_data), and evaluation stays on the "
+        "world's test split.",
     )
 
 
@@ -56,7 +57,12 @@ class RLLoopConfig(Section):
         "load, repeat. async: rollouts never stop; each new version is hot-loaded into the "
         "running engine; staleness bounded by max_lag.",
     )
-    steps: int = Field(12, ge=0, description="RL optimizer steps (= new policy versions).")
+    steps: int = Field(
+        12,
+        ge=0,
+        description="RL optimizer steps (= new policy versions).",
+        **peer_names("steps", trl="max_steps", verl="trainer.total_training_steps"),
+    )
 
     @model_validator(mode="before")
     @classmethod
@@ -93,6 +99,7 @@ class RLLoopConfig(Section):
         "many versions older than the weights being updated; older groups are dropped and "
         "counted. Admission control starts no episode that would be trained later than that. "
         "1-2 is typical; 0 makes async wait like sync.",
+        **peer_names("max_lag", trl="max_staleness"),
     )
     admission: Literal["eager", "paced"] = Field(
         "eager",
@@ -238,6 +245,14 @@ class PipelineConfig(Section):
         True,
         description="SFT on oracle (teacher) traces first: needed for models that cannot use "
         "the tools zero-shot (SmolLM2-135M, the tiny model).",
+    )
+    warmstart_data: tuple[str, ...] = Field(
+        (),
+        description="Your own warm-start files, SFT'd on instead of the world's teacher "
+        'traces: chat JSONL ({"messages": [...]} per line) and/or trajectory logs '
+        "(trajectories.jsonl, or a run directory holding one), told apart by their first "
+        "record. Needed with env.search.index (your own collection): the world's oracle "
+        "cannot solve tasks on it.",
     )
     teacher: Literal["oracle", "explorer"] = Field(
         "oracle",

@@ -31,7 +31,11 @@ class ModelConfig(Section):
 
 
 class LoggingConfig(Section):
-    run_dir: str = Field("runs/default", description="Directory for logs, metrics, plots.")
+    run_dir: str = Field(
+        "runs/default",
+        description="Directory for logs, metrics, plots.",
+        **peer_names("run_dir", trl="output_dir", verl="trainer.default_local_dir"),
+    )
     tensorboard: bool = Field(True, description="Also write TensorBoard event files.")
     report_to: list[Literal["tensorboard", "wandb", "mlflow"]] = Field(
         default_factory=list,
@@ -79,6 +83,29 @@ class RunConfig(Section):
     )
     logging: LoggingConfig = Field(default_factory=LoggingConfig, description="Outputs.")
     seed: int = Field(0, description="Global seed (python, numpy, torch).")
+
+    peers_not_flat: ClassVar[tuple[str, ...]] = ("sft",)
+    """TRL's flat names are GRPOConfig's (the RL stage); SFTConfig's are read under ``sft``."""
+    peers_refused: ClassVar[dict[str, str]] = {
+        "max_completion_length": "an episode has several turns: env.agent.max_new_tokens "
+        "bounds one turn, env.agent.max_total_tokens the whole episode",
+        "max_prompt_length": "env.agent.max_total_tokens bounds prompt and turns together",
+        "save_steps": "every RL step is checkpointed before its weights are hot-loaded",
+        "save_total_limit": "the RL stage keeps its newest checkpoint only",
+        "bf16": "set model.dtype=bfloat16 (the trainer) and engine.dtype=bfloat16 (rollouts)",
+        "fp16": "set model.dtype=float16 and engine.dtype=float16",
+        "gradient_checkpointing": "not supported yet",
+        "per_device_train_batch_size": "rl.micro_batch_size is trajectories per "
+        "forward/backward; a step's batch is pipeline.loop.groups_per_step x pipeline.loop.k",
+        "gradient_accumulation_steps": "a step's batch is pipeline.loop.groups_per_step x "
+        "pipeline.loop.k, accumulated over micro-batches of rl.micro_batch_size",
+        "eval_steps": "no held-out eval during RL yet; pipeline.eval runs after the RL stage",
+        "importance_sampling_level": "rl.objective.correction chooses the ratio: token_is "
+        "per token, gspo per sequence (TRL's 'sequence'), and the other corrections",
+        "trainer.test_freq": "no held-out eval during RL yet; pipeline.eval runs after RL",
+        "trainer.save_freq": "every RL step is checkpointed before its weights are hot-loaded",
+    }
+    """TRL / verl names without a provrl field, and what to use instead."""
 
     OLD_KEYS: ClassVar[dict[str, str]] = {
         "backend": "engine.backend (backend: ray is engine.backend: ray; backend: local keeps "

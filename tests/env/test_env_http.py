@@ -284,3 +284,83 @@ def test_backend_bounds_terms_chars_and_time(small_world):
     assert s.search("born", 2)  # the budget is per instance and per query
     s.close()
     tight.close()
+
+
+def _mocked(handler, **kw) -> HttpSearch:
+    """A client whose requests ``handler`` answers (no socket)."""
+    client = HttpSearch("http://retriever", backoff_s=0.0, **kw)
+    client._client = httpx.Client(transport=httpx.MockTransport(handler))
+    return client
+
+
+RESULT = {"result": [[{"document": {"id": "d1#0", "contents": '"T"\ntext'}, "score": 1.0}]]}
+
+
+def test_client_retries_refused_connections_and_overloaded_answers_then_gives_up():
+    from provrl.env.search import SearchError
+
+    failures = [httpx.ConnectError("Connection refused"), 503]
+
+    def flaky(request: httpx.Request) -> httpx.Response:
+        if failures:
+            f = failures.pop(0)
+            if isinstance(f, Exception):
+                raise f
+            return httpx.Response(f, json={"detail": "busy"})
+        return httpx.Response(200, json=RESULT)
+
+    client = _mocked(flaky, retries=2)
+    assert [h.doc_id for h in client.search("q", 1)] == ["d1"] and client.retried == 2
+    failures[:] = [httpx.ConnectError("Connection refused")] * 2
+    with pytest.raises(SearchError, match=r"/retrieve failed \(2 tries\): Connection refused"):
+        _mocked(flaky, retries=1).search("q", 1)
+
+    def slow(request: httpx.Request) -> httpx.Response:
+        raise httpx.ReadTimeout("slow")
+
+    timed_out = _mocked(slow, retries=2)
+    with pytest.raises(TimeoutError):  # the query had its time: not retried
+        timed_out.search("q", 1)
+    assert timed_out.retried == 0
+
+
+def test_preflight_names_a_dead_retriever_in_one_line_and_accepts_a_search_r1_server():
+    from provrl.env.search import SearchError
+
+    with pytest.raises(SearchError) as e:
+        HttpSearch("http://127.0.0.1:9", timeout_s=0.5, retries=0).check()
+    assert "search backend http://127.0.0.1:9 does not answer" in str(e.value)
+    assert "env.search.url" in str(e.value) and "\n" not in str(e.value)
+
+    def search_r1(request: httpx.Request) -> httpx.Response:  # /retrieve only, no /health
+        if request.url.path == "/retrieve":
+            return httpx.Response(200, json=RESULT)
+        return httpx.Response(404, json={"detail": "Not Found"})
+
+    _mocked(search_r1).check()
+    with pytest.raises(SearchError, match="GET /health answered HTTP 404 and"):
+        _mocked(lambda r: httpx.Response(404, json={"detail": "Not Found"})).check()
+
+
+def test_tool_failures_count_failed_searches_and_opens_only():
+    from types import SimpleNamespace
+
+    from provrl.provenance import ToolCall
+    from provrl.rollout.agent import CALL_LIMIT, QUERY_REFUSED, tool_failures
+
+    calls = [
+        ToolCall(0, "search", "a"),
+        ToolCall(1, "search", "b", False, "service down"),
+        ToolCall(2, "open", "d1", False, "timed out"),
+        ToolCall(3, "search", "c", False, CALL_LIMIT),  # never reached the tool
+        ToolCall(4, "invalid", "<sarch>", False, "malformed"),
+        ToolCall(5, "answer", "x"),
+        ToolCall(6, "search", "x" * 600, False, f"{QUERY_REFUSED}: 600 characters"),  # ran, ok
+    ]
+    traj = SimpleNamespace(tool_calls=calls)
+    assert tool_failures([traj, traj]) == {
+        "tool_calls_run": 8,
+        "tool_errors": 4,
+        "tool_error_rate": 4 / 8,
+    }
+    assert tool_failures([])["tool_error_rate"] == 0.0

@@ -50,6 +50,19 @@ def test_plain_records_become_tasks(own):
     assert {(t.kind, t.tier, t.split, t.min_searches) for t in ts} == {(PLAIN_KIND, 0, "test", 0)}
 
 
+def test_plain_tasks_round_trip_through_a_stage_file(own, tmp_path):
+    """A probe's tasks.jsonl and the filter pools are re-read strictly: tier 0 (a user task)
+    and an empty oracle plan are valid there."""
+    from provrl.env.tasks import load_tasks, save_tasks
+
+    _, _, tasks = own
+    ts = read_task_file(tasks, "train")
+    save_tasks(ts, tmp_path / "stage.jsonl")
+    assert load_tasks(tmp_path / "stage.jsonl", split="train") == ts
+    read_back = read_task_file(tmp_path / "stage.jsonl")  # a pool given back as --tasks
+    assert read_back == ts
+
+
 @pytest.mark.parametrize(
     ("line", "match"),
     [
@@ -178,6 +191,7 @@ def test_cli_eval_own_tasks_against_a_search_r1_server(own, search_r1):
     assert summary["n"] == 3 and summary["tasks_file"] == str(tasks)
     assert summary["search"] == {"backend": "http-retrieve", "url": search_r1, "index": None}
     assert summary["world"] is None  # no world was built or read
+    assert summary["tool_errors"] == 0 and summary["tool_error_rate"] == 0.0  # counted, none
     assert summary["plot"] == str(tmp / "ev" / "eval.png")
     assert (tmp / "ev" / "eval.png").stat().st_size > 5000
     from provrl.trajlog import read_all

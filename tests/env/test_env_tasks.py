@@ -132,7 +132,7 @@ def test_roundtrip_and_malformed_files(tmp_path, all_tasks):
         r":3: field 'answer' is missing",
     )
     broken(3, json.dumps({**d, "tier": "2"}), r":3: field 'tier' must be int")
-    broken(3, json.dumps({**d, "tier": 9}), r":3: field 'tier' must be 1-4")
+    broken(3, json.dumps({**d, "tier": 9}), r":3: field 'tier' must be 1-4 \(a world task\) or 0")
     broken(3, json.dumps({**d, "split": "val"}), r":3: field 'split' must be one of")
     broken(3, json.dumps({**d, "min_searches": 7}), r":3: field 'min_searches' is 7")
     broken(3, json.dumps({**d, "extra": 1}), r":3: unknown field 'extra'")

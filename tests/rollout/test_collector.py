@@ -95,3 +95,31 @@ def test_admission_rule_and_lag_split():
     assert group_lag(_G(3), 5) == 2
     fresh, stale = split_stale([_G(5), _G(4), _G(2)], trainer_version=5, max_lag=1)
     assert [g.v for g in fresh] == [5, 4] and [g.v for g in stale] == [2]
+
+
+def test_a_run_of_failed_tool_calls_stops_the_collector_in_one_line():
+    """More than search.max_tool_error_rate of the last calls failed (judged from 20 calls):
+    one SearchError line, not a stage scored or trained on error observations."""
+    from types import SimpleNamespace
+
+    from provrl.env.search import SearchError
+    from provrl.provenance import ToolCall
+
+    def traj(ok: bool) -> SimpleNamespace:
+        return SimpleNamespace(tool_calls=[ToolCall(0, "search", "q", ok, None if ok else "down")])
+
+    env = SimpleNamespace(search=SimpleNamespace(max_tool_error_rate=0.5))
+    col = Collector(env, concurrency=1, seed=0)  # type: ignore[arg-type]
+    for _ in range(10):  # 10 of 20 failed: not more than half
+        col._count_tool_failures(traj(True))
+        col._count_tool_failures(traj(False))
+    with pytest.raises(
+        SearchError, match=r"11 of the last 21 search/open calls failed .*last: down"
+    ):
+        col._count_tool_failures(traj(False))
+    assert col.summary()["tool_errors"] == 11
+    never = Collector(SimpleNamespace(search=SimpleNamespace(max_tool_error_rate=1.0)), concurrency=1, seed=0)  # type: ignore[arg-type]  # fmt: skip
+    for _ in range(60):
+        never._count_tool_failures(traj(False))
+    col.close()
+    never.close()

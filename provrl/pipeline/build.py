@@ -1,0 +1,115 @@
+"""The builder of the RL stage's parts: one function from the run config to what the loop
+runs on — the model, the engine (through the run's one factory), the agent environment,
+the learner and the metrics sink::
+
+    parts = build_rl_parts(cfg, rl_dir, world_dir, policy=..., start_policy=..., version=v,
+                           seed=s)
+    parts.lm         the policy's weights (the newest checkpoint's, or the start policy's)
+    parts.engine     engine_factory(cfg)(lm, stage_engine_config(cfg, …), version=v)
+    parts.env        build_env(engine, lm, world_dir, cfg.env)
+    parts.learner    make_learner(lm, cfg, engine, …): this process, or a Ray actor
+    parts.metrics    MetricsWriter of RUN/rl (metrics.jsonl, TensorBoard, trackers)
+
+:class:`~provrl.pipeline.rl_loop.RLLoop` receives them and owns none of the wiring.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from provrl.engine.api import Engine, EngineFactory
+from provrl.models.loading import LoadedModel, load_model
+from provrl.pipeline.engines import engine_factory, make_learner, stage_engine_config
+from provrl.report.metrics import MetricsWriter
+from provrl.rollout.agent import AgentEnv
+from provrl.rollout.setup import build_env
+from provrl.run_config.run import RunConfig
+from provrl.train.learner import Learner
+
+
+@dataclass
+class RLParts:
+    """What the RL loop runs on (:func:`build_rl_parts`)."""
+
+    lm: LoadedModel
+    """The policy as loaded in this process (the learner's start, the engine's source)."""
+    engine: Engine
+    """The rollout engine (local, vLLM or Ray replicas: ``engine.backend``)."""
+    env: AgentEnv
+    """The agent environment on ``engine``: tools, prompt, reward, identities."""
+    learner: Learner
+    """The trainer: :class:`~provrl.train.learner.LocalLearner` or a Ray actor."""
+    metrics: MetricsWriter
+    """The stage's metrics sink."""
+    engine_threads: int
+    """torch threads of the engine's scheduler thread (0: torch's default)."""
+    trainer_threads: int
+    """torch threads of the learner thread (0: the process default)."""
+
+    def close(self) -> None:
+        """Close the learner, the engine and the metrics sink (in that order)."""
+        self.learner.close()
+        self.engine.close()
+        self.metrics.close()
+
+
+def split_threads(cfg: RunConfig) -> tuple[int, int]:
+    """(engine, trainer) torch threads: ``engine.threads`` and the default, or with async
+    ``split_cores`` half of torch's intra-op threads each (at least one)."""
+    loop = cfg.pipeline.loop
+    if loop.mode == "async" and loop.split_cores:
+        half = max(1, torch.get_num_threads() // 2)
+        return half, half
+    return cfg.engine.threads, 0
+
+
+def build_rl_parts(
+    cfg: RunConfig,
+    rl_dir: Path,
+    world_dir: Path,
+    *,
+    policy: str,
+    start_policy: str,
+    version: int,
+    seed: int,
+    optimizer_state: str | os.PathLike[str] | None = None,
+    engines: EngineFactory | None = None,
+) -> RLParts:
+    """Load ``policy`` (the newest checkpoint, or ``start_policy`` at version 0) with torch
+    seeded ``seed + version``, start its engine from ``engines`` (default: the run's
+    :func:`~provrl.pipeline.engines.engine_factory`) with
+    :func:`~provrl.pipeline.engines.stage_engine_config`, build the environment (its policy
+    identity names ``start_policy``), the metrics sink of ``rl_dir`` and the learner
+    (``optimizer_state``: the checkpoint a resumed run restores the optimizer from)."""
+    torch.manual_seed(seed + version)
+    lm = load_model(policy, dtype=cfg.model.dtype, device=cfg.model.device)
+    engine_threads, trainer_threads = split_threads(cfg)
+    engine_cfg = stage_engine_config(
+        cfg, cfg.pipeline.loop.concurrency, seed=seed + version, threads=engine_threads
+    )
+    engine = (engines or engine_factory(cfg))(lm, engine_cfg, version=version)
+    metrics = None
+    try:
+        env = build_env(engine, lm, world_dir, cfg.env, extra={"start": start_policy})
+        metrics = MetricsWriter.from_logging(
+            rl_dir, cfg.logging, config=cfg.model_dump(mode="json")
+        )
+        learner = make_learner(  # engine.backend: ray → a trainer actor; else this process
+            lm,
+            cfg,
+            engine,
+            version=version,
+            metrics=metrics,
+            threads=trainer_threads,
+            optimizer_state=optimizer_state,
+        )
+    except BaseException:  # a part that fails to build closes the ones already built
+        if metrics is not None:
+            metrics.close()
+        engine.close()
+        raise
+    return RLParts(lm, engine, env, learner, metrics, engine_threads, trainer_threads)
