@@ -89,6 +89,7 @@ from provrl.report.metrics import MetricsWriter
 from provrl.rollout.collector import Collector, Group, group_key
 from provrl.rollout.setup import build_env
 from provrl.run_config.run import RunConfig
+from provrl.train.learner import NonFiniteGuard
 from provrl.trajlog import TrajectoryWriter, read_trajectories
 
 
@@ -102,6 +103,10 @@ class RLState:
     dropped: list[str] = field(default_factory=list)
     skipped: list[str] = field(default_factory=list)
     """Trajectories of groups without signal (all rewards equal): never trained."""
+    nonfinite: list[str] = field(default_factory=list)
+    """Trajectories of batches whose update was not finite (refused): never trained."""
+    nonfinite_steps: int = 0
+    """Refused (non-finite) step attempts so far (:class:`~provrl.train.learner.NonFiniteGuard`)."""
     wall_s: float = 0.0
     trainer_busy_s: float = 0.0
 
@@ -245,6 +250,7 @@ class RLLoop:
             threads=self.trainer_threads,
             optimizer_state=None if latest is None else latest[1],
         )
+        self.guard = NonFiniteGuard(cfg.rl.nonfinite_limit, self.state.nonfinite_steps)
         self.dropped_before = len(set(self.state.dropped))  # trajectories, earlier sessions
         self.reprobes: set[str] = set()
         """Group keys started as re-probes of the unsolved or solved pool (this session)."""
@@ -309,6 +315,7 @@ class RLLoop:
             self.curriculum.visits[tid] = 1
         logged = list(read_trajectories(self.log_path)) if self.log_path.is_file() else []
         done = set(self.state.trained) | set(self.state.dropped) | set(self.state.skipped)
+        done |= set(self.state.nonfinite)
         partial: dict[str, list[Trajectory]] = defaultdict(list)
         groups: dict[str, list[Trajectory]] = defaultdict(list)
         for t in logged:
@@ -359,6 +366,7 @@ class RLLoop:
         """The probe's untrained groups of kept tasks with signal become ready (async: the
         lag rule drops them once they are too old)."""
         done = set(self.state.trained) | set(self.state.dropped) | set(self.state.skipped)
+        done |= set(self.state.nonfinite)
         for g in self.probe_groups.values():
             if self.curriculum.pools[g.task.task_id] != "kept" or not has_signal(g.rewards):
                 continue
@@ -443,6 +451,10 @@ class RLLoop:
         under a version a crash could lose, and no committed step lacks its record."""
         failpoint("rl.trained")  # the update exists only in memory: a kill trains it again
         self.outstanding -= len(groups)
+        if result.skipped is not None:  # not finite: nothing saved or loaded, batch untrained
+            self.state.nonfinite.extend(t.traj_id for g in groups for t in g.trajectories)
+            self.guard.skipped(result, self.state.steps + 1)  # raises after rl.nonfinite_limit
+            return
         self.trainer_busy += float(result.metrics.get("step_s", 0.0))
         self.state.trained.extend(t.traj_id for g in groups for t in g.trajectories)
         self.state.steps += 1
@@ -450,6 +462,8 @@ class RLLoop:
             self.curriculum.advance(result.version)
         stats["pools"] = self.curriculum.counts()
         stats.update(self.signal_since_last_step())
+        stats["nonfinite_skipped"] = self.guard.since_last_step()
+        self.state.nonfinite_steps = self.guard.total
         record = self.step_record(result.version, dict(result.metrics), stats)
         self.save(result.version, record)  # before the engine may sample a single token of it
         self.record(record)
@@ -633,6 +647,7 @@ class RLLoop:
                 "tokens_frac": self.signal["zero_signal_tokens"] / max(1, self.signal["tokens"]),
                 "trajectories_skipped": len(self.state.skipped),
             },
+            "nonfinite_steps": self.guard.total,
         }
         if fleet is not None:
             summary["ray"] = fleet

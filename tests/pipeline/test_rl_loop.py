@@ -14,8 +14,9 @@ from provrl.pipeline.rundir import RunDir
 from provrl.run_config import RunConfig
 
 
-def _loop(tmp_path, small_world, mode: str) -> RLLoop:
+def _loop(tmp_path, small_world, mode: str, *extra: str) -> RLLoop:
     sets = [f"pipeline.loop.mode={mode}", "pipeline.loop.steps=2", f"logging.run_dir={tmp_path}"]
+    sets += extra
     cfg = load_config(RunConfig, "quick", sets)
     tasks = [t for t in load_split(small_world, "train") if t.tier in (1, 2)][:6]
     return RLLoop(cfg, RunDir(tmp_path), small_world, tasks, "tiny", progress=False)
@@ -115,3 +116,42 @@ def test_distinct_share_counts_identical_samples_of_a_group_once():
     # tokens are equal everywhere and do not count)
     groups = [G([1, 2], [1, 2], [1, 2], [1, 2]), G([1, 2], [2, 1], [1, 2], [1])]
     assert distinct_share(groups) == (1 + 3) / 8  # type: ignore[arg-type]
+
+
+def test_an_injected_nan_gradient_is_skipped_counted_and_never_saved_or_loaded(
+    tmp_path, small_world, monkeypatch
+):
+    """``PROVRL_FAULT=rl.nan_grad:2``: the second update is refused — its batch is not
+    trained, no checkpoint or hot-load of it — the next one is step 2, and its record
+    counts the skip."""
+    import json
+
+    from provrl import failpoints
+
+    failpoints.reset()
+    monkeypatch.setenv("PROVRL_FAULT", "rl.nan_grad:2")
+    loop = _loop(tmp_path, small_world, "sync")
+    with pytest.warns(UserWarning, match="rl step 2: update not finite"), loop:
+        loop.run_sync()
+    summary = loop.finish()
+    steps = read_steps(tmp_path)
+    assert [s["step"] for s in steps] == [1, 2] and summary["final_version"] == 2
+    assert [s["nonfinite_skipped"] for s in steps] == [0, 1] and summary["nonfinite_steps"] == 1
+    assert summary["engine"]["hotloads"] == 2  # versions 1 and 2 only
+    state = json.loads((tmp_path / "rl" / "ckpt-v2" / "state.json").read_text())
+    refused = set(state["nonfinite"])
+    assert refused and not refused & set(state["trained"]) and state["nonfinite_steps"] == 1
+
+
+def test_repeated_non_finite_updates_stop_the_run_with_one_line(tmp_path, small_world, monkeypatch):
+    from provrl import failpoints
+    from provrl.train.learner import NonFiniteError
+
+    failpoints.reset()
+    monkeypatch.setenv("PROVRL_FAULT", "rl.nan_grad:1+")  # every update
+    loop = _loop(tmp_path, small_world, "sync", "rl.nonfinite_limit=2")
+    with pytest.raises(NonFiniteError, match="rl step 1: 2 updates in a row were not finite") as e:
+        loop.run()
+    assert "\n" not in str(e.value)
+    assert not list((tmp_path / "rl").glob("ckpt-v*")) and read_steps(tmp_path) == []
+
