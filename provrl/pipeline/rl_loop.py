@@ -35,7 +35,10 @@ the version and the set of trained trajectories; the trajectory log is read back
 untrained groups go back to the ready queue (subject to the lag rule), incomplete ones are
 finished without rerunning the samples that exist, and the curriculum is rebuilt by
 replaying the probe and the log. A version is hot-loaded only after its checkpoint is complete, so no trajectory can
-carry a version that a resumed run would produce again. A step's record is written into its
+carry a version that a resumed run would produce again — unless that checkpoint is found
+damaged on resume: then it is set aside, the previous one is used, the lost step is redone
+first with the very batch it trained (its record names it; :mod:`provrl.pipeline.steplog`),
+and untrained samples of the lost version are dropped, not continued. A step's record is written into its
 checkpoint before ``COMPLETE`` and ``RUN/rl/steps.jsonl`` is rebuilt from it on resume
 (:mod:`provrl.pipeline.steplog`), so the step records are always 1…N.
 
@@ -71,6 +74,7 @@ from provrl.distributed.factory import fleet_summary
 from provrl.engine.api import EngineFactory, HotLoadMode
 from provrl.env.tasks import Task
 from provrl.failpoints import failpoint
+from provrl.models.checkpoint import write_manifest
 from provrl.models.loading import load_model
 from provrl.pipeline.admission import group_lag, may_start, split_stale
 from provrl.pipeline.curriculum import Curriculum, Evidence, has_signal
@@ -79,8 +83,10 @@ from provrl.pipeline.rundir import COMPLETE, RunDir
 from provrl.pipeline.steplog import (
     STEPS,
     keep_in_checkpoint,
+    redo_groups,
     restore_metrics,
     restore_steps,
+    resume_checkpoint,
     step_line,
 )
 from provrl.pipeline.steplog import read_steps as read_steps  # re-exported: its old home
@@ -208,7 +214,8 @@ class RLLoop:
         order_seed = cfg.pipeline.tasks.seed + 1 + (0 if self.loop.seed is None else 7919 * self.seed)  # fmt: skip
         self.curriculum = Curriculum(list(tasks), cfg.pipeline.curriculum, seed=order_seed)
         self.probe_groups = self.read_probe_groups(run.root / "probe" / "trajectories.jsonl")
-        latest = run.latest_checkpoint()
+        self.resume = resume_checkpoint(run)  # a damaged newest: the one before (steplog)
+        latest = self.resume.checkpoint
         self.state = RLState()
         policy_path = start_policy
         if latest is not None:
@@ -216,7 +223,8 @@ class RLLoop:
             policy_path = str(latest[1])
         self.log_path = self.rl_dir / "trajectories.jsonl"
         self.steps_log = self.rl_dir / STEPS
-        self.step_lines = restore_steps(self.rl_dir, None if latest is None else latest[1])
+        ckpt = None if latest is None else latest[1]
+        self.step_lines = restore_steps(self.rl_dir, ckpt, self.state.steps)
         """The lines of steps 1…N, as the newest checkpoint holds them (``steps.jsonl``)."""
         batch_rows = restore_metrics(self.rl_dir / "metrics.jsonl", self.state.steps)
         torch.manual_seed(self.seed + self.state.version)
@@ -314,8 +322,13 @@ class RLLoop:
         for tid in self.by_id:
             self.curriculum.visits[tid] = 1
         logged = list(read_trajectories(self.log_path)) if self.log_path.is_file() else []
+        known = {t.traj_id: t for t in logged}
+        known |= {t.traj_id: t for g in self.probe_groups.values() for t in g.trajectories}
+        self.redo = redo_groups(self.resume.lost, known, self.by_id)
+        """The groups of the steps a damaged checkpoint lost, in order: the first batches."""
+        self.redo_ids = {t.traj_id for g in self.redo for t in g.trajectories}
         done = set(self.state.trained) | set(self.state.dropped) | set(self.state.skipped)
-        done |= set(self.state.nonfinite)
+        done |= set(self.state.nonfinite) | self.redo_ids
         partial: dict[str, list[Trajectory]] = defaultdict(list)
         groups: dict[str, list[Trajectory]] = defaultdict(list)
         for t in logged:
@@ -353,20 +366,23 @@ class RLLoop:
         )
         for key, trajs in self.partial.items():
             task_id, round_ = key.split("#r")
-            if self.loop.mode == "sync" or task_id not in self.by_id:
-                self.state.dropped.extend(t.traj_id for t in trajs)
+            ahead = any(t.num_actions and t.version[t.is_action].max() > self.state.version for t in trajs)  # fmt: skip
+            if self.loop.mode == "sync" or task_id not in self.by_id or ahead:  # ahead: of a
+                self.state.dropped.extend(t.traj_id for t in trajs)  # version a damaged ckpt lost
                 continue
             self.col.submit(self.by_id[task_id], self.loop.k, round=int(round_), done=trajs)
             self.outstanding += 1
         if self.cfg.pipeline.curriculum.train_on_probe and self.loop.mode == "async":
             self.ready_probe_groups()
+        self.ready[:0] = self.redo  # a lost step redone first, with the batch it trained
+        self.outstanding += len(self.redo)
         return self
 
     def ready_probe_groups(self) -> None:
         """The probe's untrained groups of kept tasks with signal become ready (async: the
         lag rule drops them once they are too old)."""
         done = set(self.state.trained) | set(self.state.dropped) | set(self.state.skipped)
-        done |= set(self.state.nonfinite)
+        done |= set(self.state.nonfinite) | self.redo_ids
         for g in self.probe_groups.values():
             if self.curriculum.pools[g.task.task_id] != "kept" or not has_signal(g.rewards):
                 continue
@@ -513,10 +529,11 @@ class RLLoop:
         write_json(final / "state.json", self.state.__dict__)
         keep_in_checkpoint(final, [*self.step_lines, step_line(record)])
         failpoint("rl.ckpt.state")
+        write_manifest(final)  # the CRC-32 of every file: a resume checks them
         write_atomic(final / COMPLETE, b"")
         self.step_lines.append(step_line(record))
         failpoint("rl.ckpt.complete")  # committed; the step's record is in the checkpoint only
-        self.run_dir.prune_checkpoints(keep=1)
+        self.run_dir.prune_checkpoints(keep=self.loop.save_total_limit)
         failpoint("rl.ckpt.pruned")
 
     def record(self, record: dict[str, Any]) -> None:
@@ -621,6 +638,7 @@ class RLLoop:
             "trajectories_trained": len(self.state.trained),
             "groups_dropped_stale": self.groups_dropped + self.dropped_before,
             "resumed": self.resumed,
+            "resume_notes": self.resume.notes,
             "wall_s": wall,
             "stage_wall_s": wall,
             "session_wall_s": session,

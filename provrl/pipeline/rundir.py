@@ -13,7 +13,10 @@ stage's resumable checkpoints.
     RUN/rl/trajectories.jsonl         every RL trajectory, appended as it finishes
     RUN/rl/steps.jsonl                one record per step, 1…N (rebuilt from the checkpoint)
     RUN/rl/ckpt-v{N}/                 weights (safetensors) + optimizer.pt + state.json +
-                                      steps.jsonl (the records of steps 1…N), COMPLETE last
+                                      steps.jsonl (the records of steps 1…N) +
+                                      checksums.json (size, CRC-32 of each), COMPLETE last;
+                                      the newest pipeline.loop.save_total_limit are kept
+    RUN/rl/damaged-ckpt-v{N}-<µs>/    a checkpoint a resume found damaged, set aside
     RUN/eval/{policy}/                eval.json + trajectories.jsonl per evaluated policy
     RUN/report/                       report.md + PNGs
     RUN/{stage}/done.json             written last: the stage is skipped when it exists
@@ -28,6 +31,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import time
 from pathlib import Path
 from typing import Any
 
@@ -35,6 +39,11 @@ from provrl._sys import write_json
 
 STAGES = ("world", "warmstart", "probe", "filter", "selfsft", "rl", "eval", "report")
 COMPLETE = "COMPLETE"
+
+
+class ResumeWarning(UserWarning):
+    """A resume repaired a file or fell back to an older checkpoint (one line: what and
+    why)."""
 
 
 class RunDir:
@@ -83,6 +92,13 @@ class RunDir:
     def latest_checkpoint(self) -> tuple[int, Path] | None:
         ck = self.checkpoints()
         return ck[-1] if ck else None
+
+    def set_aside(self, ckpt: Path) -> Path:
+        """Rename a damaged checkpoint out of the way (``damaged-ckpt-vN-<µs>``: no longer a
+        checkpoint, nothing deleted) and return its new path."""
+        to = ckpt.with_name(f"damaged-{ckpt.name}-{time.time_ns() // 1000}")
+        ckpt.rename(to)
+        return to
 
     def prune_checkpoints(self, keep: int = 1) -> None:
         """Delete all but the newest ``keep`` complete checkpoints, and incomplete ones."""

@@ -57,6 +57,15 @@ class RLLoopConfig(Section):
         "running engine; staleness bounded by max_lag.",
     )
     steps: int = Field(12, ge=0, description="RL optimizer steps (= new policy versions).")
+    save_total_limit: int = Field(
+        2,
+        ge=1,
+        description="Complete RL checkpoints kept (the newest; older ones are deleted after "
+        "each save). With 2 or more, a resume that finds the newest damaged (its files "
+        "checked against the CRC-32s written with it) falls back to the one before and "
+        "redoes the lost step exactly from the trajectory log; with 1 it can only stop.",
+        **peer_names("save_total_limit", trl="save_total_limit"),
+    )
 
     @model_validator(mode="before")
     @classmethod
