@@ -11,9 +11,11 @@ file from a good one before anything is loaded.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import zlib
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -113,6 +115,21 @@ def normal_permissions(root: Path) -> None:
     root.chmod(0o777 & ~umask)
     for p in root.rglob("*"):
         p.chmod((0o777 if p.is_dir() else 0o666) & ~umask)
+
+
+@contextlib.contextmanager
+def removed_unless_complete(path: Path) -> Iterator[None]:
+    """A checkpoint directory filled in place (weights, then optimizer, state, checksums,
+    the completion marker): if the block raises — a full disk, say — the directory is
+    removed, giving its space back. It had no completion marker, so no resume would have
+    used it."""
+    import shutil
+
+    try:
+        yield
+    except BaseException:
+        shutil.rmtree(path, ignore_errors=True)
+        raise
 
 
 def file_crc32(path: Path, chunk: int = 1 << 24) -> int:

@@ -74,7 +74,7 @@ from provrl.distributed.factory import fleet_summary
 from provrl.engine.api import EngineFactory, HotLoadMode
 from provrl.env.tasks import Task
 from provrl.failpoints import failpoint
-from provrl.models.checkpoint import write_manifest
+from provrl.models.checkpoint import removed_unless_complete, write_manifest
 from provrl.models.loading import load_model
 from provrl.pipeline.admission import group_lag, may_start, split_stale
 from provrl.pipeline.curriculum import Curriculum, Evidence, has_signal
@@ -518,19 +518,20 @@ class RLLoop:
         """Checkpoint u+1 (weights, optimizer, RNG, trained ids, the records of steps 1…N),
         ``COMPLETE`` last — complete before hot-load; then the older checkpoint is pruned."""
         final = self.rl_dir / f"ckpt-v{result_version}"
-        with writing(final):  # disk full: one line naming the checkpoint, not a traceback
+        # disk full: one line naming the checkpoint, and the incomplete directory removed
+        with writing(final), removed_unless_complete(final):
             self.learner.save(
                 final, kind="rl", version=result_version, start_policy=self.start_policy
             )
-        failpoint("rl.ckpt.weights")
-        self.state.version = result_version
-        self.state.wall_s = time.perf_counter() - self.t_start
-        self.state.trainer_busy_s = self.trainer_busy
-        write_json(final / "state.json", self.state.__dict__)
-        keep_in_checkpoint(final, [*self.step_lines, step_line(record)])
-        failpoint("rl.ckpt.state")
-        write_manifest(final)  # the CRC-32 of every file: a resume checks them
-        write_atomic(final / COMPLETE, b"")
+            failpoint("rl.ckpt.weights")
+            self.state.version = result_version
+            self.state.wall_s = time.perf_counter() - self.t_start
+            self.state.trainer_busy_s = self.trainer_busy
+            write_json(final / "state.json", self.state.__dict__)
+            keep_in_checkpoint(final, [*self.step_lines, step_line(record)])
+            failpoint("rl.ckpt.state")
+            write_manifest(final)  # the CRC-32 of every file: a resume checks them
+            write_atomic(final / COMPLETE, b"")
         self.step_lines.append(step_line(record))
         failpoint("rl.ckpt.complete")  # committed; the step's record is in the checkpoint only
         self.run_dir.prune_checkpoints(keep=self.loop.save_total_limit)
