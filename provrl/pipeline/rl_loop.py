@@ -311,7 +311,7 @@ class RLLoop:
         """One finished group's evidence into the curriculum (when it follows evidence)."""
         if self.cfg.pipeline.curriculum.enabled:
             kind = "probe" if source == "probe" else "reprobe" if g.key in self.reprobes else "rl"
-            self.curriculum.record(Evidence(g.task.task_id, g.min_version(), g.successes, len(g.trajectories), kind))  # type: ignore[arg-type]  # fmt: skip
+            self.curriculum.record(Evidence(g.task.task_id, g.min_version(), g.successes, len(g.trajectories), kind, g.key))  # type: ignore[arg-type]  # fmt: skip
 
     def resume_from_log(self) -> tuple[dict[str, list[Trajectory]], dict[str, int]]:
         """What the trajectory log holds beyond the checkpoint — the untrained samples by

@@ -32,18 +32,26 @@ import json
 import os
 import shutil
 import time
+import warnings
 from pathlib import Path
 from typing import Any
 
 from provrl._sys import write_json
+from provrl.appendlog import TornRecordWarning, repair_torn_tail
 
 STAGES = ("world", "warmstart", "probe", "filter", "selfsft", "rl", "eval", "report")
 COMPLETE = "COMPLETE"
+REDONE_WHEN_TORN = ("probe", "rl")
+"""Finished stages redone when one of their logs has a torn record: each resumes from its
+own files, reusing every intact record — the probe reruns only the lost episode, with its
+own seed (the same K as before); the RL stage rebuilds its step record and metrics rows
+from the checkpoint and trains nothing. Other finished stages' torn records are moved
+aside."""
 
 
 class ResumeWarning(UserWarning):
-    """A resume repaired a file or fell back to an older checkpoint (one line: what and
-    why)."""
+    """A resume repaired a file, redid a stage or fell back to an older checkpoint (one
+    line: what and why)."""
 
 
 class RunDir:
@@ -74,6 +82,31 @@ class RunDir:
         except json.JSONDecodeError as e:
             raise ValueError(f"{p}: corrupt stage marker ({e}); delete it to redo the stage") from e
         return out
+
+    def check_finished_logs(self, name: str) -> bool:
+        """Whether the finished stage ``name`` must be redone: every append-only log of it
+        (``*.jsonl``) is checked for a torn last record — a stage of
+        :data:`REDONE_WHEN_TORN` is then redone, any other has the torn bytes moved aside
+        (``<log>.torn-<µs>``, nothing deleted). One warning line per log says which."""
+        redo = False
+        root = self.root / name
+        for log in sorted(root.rglob("*.jsonl")) if root.is_dir() else ():
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore", TornRecordWarning)
+                side = repair_torn_tail(log)
+            if side is None:
+                continue
+            what = "the stage is redone (each intact record reused, the lost one rerun)"
+            if name not in REDONE_WHEN_TORN:
+                what = "the stage is kept"
+            warnings.warn(
+                f"{log}: the finished {name} stage's last record was torn (moved to "
+                f"{side.name}); {what}",
+                ResumeWarning,
+                stacklevel=2,
+            )
+            redo |= name in REDONE_WHEN_TORN
+        return redo
 
     def mark_done(self, name: str, summary: dict[str, Any]) -> dict[str, Any]:
         write_json(self.stage(name) / "done.json", summary)
