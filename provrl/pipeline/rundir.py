@@ -85,12 +85,14 @@ class RunDir:
 
     def check_finished_logs(self, name: str) -> bool:
         """Whether the finished stage ``name`` must be redone: every append-only log of it
-        (``*.jsonl``) is checked for a torn last record — a stage of
+        (``*.jsonl``, outside checkpoints) is checked for a torn last record — a stage of
         :data:`REDONE_WHEN_TORN` is then redone, any other has the torn bytes moved aside
         (``<log>.torn-<µs>``, nothing deleted). One warning line per log says which."""
         redo = False
         root = self.root / name
         for log in sorted(root.rglob("*.jsonl")) if root.is_dir() else ():
+            if any(p.startswith(("ckpt", "damaged-")) for p in log.relative_to(root).parts):
+                continue  # a checkpoint's files are checked against its checksums
             with warnings.catch_warnings():
                 warnings.simplefilter("ignore", TornRecordWarning)
                 side = repair_torn_tail(log)
