@@ -4,8 +4,8 @@ no provrl import).
 * :func:`write_json` and :func:`atomic_tmp_dir` — a file or a directory written under a
   temporary name and renamed, so a ``kill -9`` leaves the old or the new one, never half;
 * :func:`writing` — the one place a failed write becomes an expected error: disk full, a
-  read-only file system or no permission, whether the write was Python's, safetensors' or
-  torch's, is :class:`WriteError`, one line naming the path;
+  read-only file system or no permission, whether the write was Python's, safetensors',
+  torch's or the tokenizer's, is :class:`WriteError`, one line naming the path;
 * :func:`file_sha256` — a file's content hash, read in chunks; :func:`cache_dir`, where
   converted models and generated worlds are kept;
 * :func:`release_memory` and :func:`rss_mb` — give freed heap back to the OS, and measure
@@ -35,7 +35,9 @@ RESOURCE_ERRNOS = frozenset(
 """What a write can fail with that is the machine's state, not a bug: no space, over quota,
 file too large, a read-only file system, no permission, an I/O error."""
 _BY_STRERROR = {os.strerror(c): c for c in RESOURCE_ERRNOS}
-_OS_ERROR = re.compile(r"os error (\d+)")  # safetensors (Rust): "... (os error 28)"
+_OS_ERROR = re.compile(r"os error (\d+)|\[Errno (\d+)\]")
+"""An errno in a message: Rust's ``(os error 28)`` (safetensors, tokenizers — whose errors
+are plain ``Exception``) or Python's ``[Errno 28]`` re-raised as another type."""
 _TORCH_WRITER = ("inline_container.cc", "PytorchStreamWriter", "file write failed")
 
 
@@ -51,14 +53,16 @@ class WriteError(OSError):
 
 def resource_errno(e: BaseException, path: str | os.PathLike[str]) -> int | None:
     """The errno of :data:`RESOURCE_ERRNOS` behind a failed write to ``path``, or None if
-    ``e`` is not such a failure. Python's ``OSError`` carries it; safetensors writes it into
-    its message; torch's zip writer often says only "unexpected pos", so then the file
-    system ``path`` is on is asked (read-only? writable? space left?)."""
-    if isinstance(e, OSError):
+    ``e`` is not such a failure. Python's ``OSError`` carries it; any other exception whose
+    message names it (:data:`_OS_ERROR`: safetensors', the tokenizer's ``Exception: No space
+    left on device (os error 28)``) is read from the message; torch's zip writer often says
+    only "unexpected pos", so then the file system ``path`` is on is asked (read-only?
+    writable? space left?)."""
+    if isinstance(e, OSError) and e.errno is not None:
         return e.errno if e.errno in RESOURCE_ERRNOS else None
     msg = str(e)
-    if type(e).__name__ == "SafetensorError" and (m := _OS_ERROR.search(msg)):
-        code = int(m.group(1))
+    if m := _OS_ERROR.search(msg):
+        code = int(m.group(1) or m.group(2))
         return code if code in RESOURCE_ERRNOS else None
     if isinstance(e, RuntimeError) and any(s in msg for s in _TORCH_WRITER):
         for text, code in _BY_STRERROR.items():

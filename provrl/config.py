@@ -51,9 +51,14 @@ class ConfigError(ValueError):
 
 
 class Section(BaseModel):
-    """Base of all config classes: unknown keys are errors, assignments are validated."""
+    """Base of all config classes: unknown keys are errors, assignments are validated, and a
+    number must be finite (``rl.lr=inf`` or ``nan`` is refused at load, naming the key: no
+    config field means anything by an infinite value, and a non-finite learning rate would
+    make the first update's weights NaN)."""
 
-    model_config = ConfigDict(extra="forbid", validate_assignment=True, frozen=False)
+    model_config = ConfigDict(
+        extra="forbid", validate_assignment=True, frozen=False, allow_inf_nan=False
+    )
 
     peers_not_flat: ClassVar[tuple[str, ...]] = ()
     """Sections whose TRL names are read only under the section (``sft``: TRL's SFTConfig

@@ -138,3 +138,18 @@ def test_a_yaml_error_names_the_file_and_one_line(tmp_path):
     msg = str(e.value)
     assert msg.startswith(f"{p}:3: invalid YAML at column 2: ") and "<unicode string>" not in msg
     assert msg.count("line") == 0, msg  # one line number: the one after the file name
+
+
+@pytest.mark.parametrize("value", ["inf", "-inf", "nan", ".inf", "1e999"])
+def test_a_non_finite_number_is_refused_at_load_naming_the_field(value):
+    with pytest.raises(ConfigError) as e:
+        load_config(RunConfig, None, [f"rl.lr={value}"])
+    msg = str(e.value)
+    assert "\n" not in msg and "key 'rl.lr'" in msg and "finite" in msg
+
+
+def test_a_non_finite_number_in_a_file_is_refused_naming_the_file(tmp_path):
+    p = tmp_path / "bad.yaml"
+    p.write_text("rl:\n  objective:\n    clip_eps_low: .nan\n")
+    with pytest.raises(ConfigError, match=r"bad\.yaml: key 'rl\.objective\.clip_eps_low'.*finite"):
+        load_config(RunConfig, p)

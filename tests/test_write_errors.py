@@ -98,3 +98,42 @@ def test_a_failed_checkpoint_save_names_it_and_gives_its_space_back(tmp_path, ti
     with pytest.raises(WriteError, match=r"ckpt-v2: cannot write: No space left on device"):
         save_checkpoint(tiny.model, tiny.tokenizer, tmp_path / "ckpt-v2")
     assert list(tmp_path.iterdir()) == []  # neither the checkpoint nor its temporary
+
+
+TOKENIZERS_ENOSPC = "No space left on device (os error 28)"
+"""What the tokenizers library (Rust) raises, as a plain ``Exception``, when saving the
+tokenizer finds the disk full (issue 38: a traceback before)."""
+
+
+def test_an_errno_in_any_exception_s_message_is_recognised(tmp_path):
+    assert resource_errno(Exception(TOKENIZERS_ENOSPC), tmp_path) == errno.ENOSPC
+    assert resource_errno(ValueError("[Errno 28] No space left on device"), tmp_path) == 28
+    assert resource_errno(Exception("bad input (os error 2)"), tmp_path) is None  # ENOENT
+
+
+def test_disk_full_while_saving_the_tokenizer_is_one_line_and_leaves_nothing(
+    tmp_path, tiny, monkeypatch
+):
+    from provrl.models.checkpoint import save_checkpoint
+
+    def full(*a, **k):
+        raise Exception(TOKENIZERS_ENOSPC)
+
+    monkeypatch.setattr(tiny.tokenizer, "save_pretrained", full)
+    with pytest.raises(WriteError) as e:
+        save_checkpoint(tiny.model, tiny.tokenizer, tmp_path / "ckpt-v2")
+    assert str(e.value) == f"{tmp_path / 'ckpt-v2'}: cannot write: No space left on device (ENOSPC)"
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_a_checkpoint_filled_in_place_is_removed_when_a_write_fails(tmp_path):
+    """Weights saved, then the optimizer state finds the disk full: no incomplete
+    ``ckpt-v2/`` is left on the full disk."""
+    from provrl.models.checkpoint import removed_unless_complete
+
+    ckpt = tmp_path / "rl" / "ckpt-v2"
+    with pytest.raises(WriteError), writing(ckpt), removed_unless_complete(ckpt):
+        ckpt.mkdir(parents=True)
+        (ckpt / "model.safetensors").write_bytes(b"x" * 100)
+        raise RuntimeError(TORCH_EROFS)
+    assert not ckpt.exists() and list((tmp_path / "rl").iterdir()) == []

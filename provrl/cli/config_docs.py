@@ -41,7 +41,8 @@ Every name is resolved per source before the sources merge, so `--set learning_r
 overrides a preset's `rl.lr`; two names of one field in one source are refused. Values are read in the peer's vocabulary where they differ
 (`loss_type: dr_grpo`, `loss_agg_mode: seq-mean-token-mean`, `kl_loss_type: low_var_kl`,
 `scale_rewards: none`). A misspelt key is refused with the closest accepted one
-(`unknown key 'rl.objective.clip_eps_lo' (did you mean 'rl.objective.clip_eps_low'?)`).
+(`unknown key 'rl.objective.clip_eps_lo' (did you mean 'rl.objective.clip_eps_low'?)`). A
+number must be finite: `rl.lr=inf` or `nan` is refused at load, naming the key.
 
 Names that look alike but mean something else are not aliases: verl's
 `ppo_mini_batch_size` is a number of trajectories per optimizer step, `rl.minibatches` the

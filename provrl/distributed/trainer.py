@@ -66,10 +66,16 @@ class TrainerActor:
             optimizer_state=optimizer_state,
         )
 
-    def step(self, trajectories: Sequence[Trajectory]) -> tuple[dict[str, Any], PackedWeights]:
+    def step(
+        self, trajectories: Sequence[Trajectory]
+    ) -> tuple[dict[str, Any], PackedWeights | None]:
         """One update; (version, metrics, recorded metric calls, bytes) and the packed new
-        weights — two results, so the weights become their own object-store entry."""
+        weights — two results, so the weights become their own object-store entry. A refused
+        step (not finite; the learner rolled itself back) has ``skipped`` and no weights."""
         u = self.learner.step(trajectories)
+        if u.skipped is not None:
+            meta = {"version": u.version, "metrics": u.metrics, "calls": self.metrics.take()}
+            return meta | {"skipped": u.skipped}, None
         packed = pack_state_dict(u.weights)
         release_memory()  # the RL step's heap churn happens in this process now
         meta = {
@@ -146,6 +152,8 @@ class RayLearner:
         meta = ray.get(meta_ref)
         replay_metrics(self.metrics, meta["calls"])
         self.version = int(meta["version"])
+        if meta.get("skipped") is not None:  # not finite: nothing published
+            return Update(self.version, None, meta["metrics"], skipped=meta["skipped"])
         return Update(self.version, Published(weights_ref, meta["nbytes"]), meta["metrics"])
 
     def save(self, path: str | os.PathLike[str], **meta: Any) -> None:

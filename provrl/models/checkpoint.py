@@ -2,12 +2,20 @@
 
 Never unpickle untrusted files: ``.safetensors`` is read with safetensors; a ``.pt`` / ``.bin``
 state dict only with ``torch.load(weights_only=True)``.
+
+A checkpoint the RL stage resumes from carries ``checksums.json`` (:data:`MANIFEST`): the
+size and CRC-32 of every file in it, written last before the checkpoint is declared
+complete (:func:`write_manifest`), so :func:`damaged_files` can tell a truncated or altered
+file from a good one before anything is loaded.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
+import zlib
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -17,6 +25,8 @@ from provrl._sys import atomic_tmp_dir, writing
 from provrl.models.chat import tokenizer_identity
 
 METADATA_FILE = "provrl.json"
+MANIFEST = "checksums.json"
+"""Inside a checkpoint: ``{"files": {name: {"bytes": n, "crc32": c}}}`` of every other file."""
 
 
 class CheckpointError(ValueError):
@@ -105,6 +115,68 @@ def normal_permissions(root: Path) -> None:
     root.chmod(0o777 & ~umask)
     for p in root.rglob("*"):
         p.chmod((0o777 if p.is_dir() else 0o666) & ~umask)
+
+
+@contextlib.contextmanager
+def removed_unless_complete(path: Path) -> Iterator[None]:
+    """A checkpoint directory filled in place (weights, then optimizer, state, checksums,
+    the completion marker): if the block raises — a full disk, say — the directory is
+    removed, giving its space back. It had no completion marker, so no resume would have
+    used it."""
+    import shutil
+
+    try:
+        yield
+    except BaseException:
+        shutil.rmtree(path, ignore_errors=True)
+        raise
+
+
+def file_crc32(path: Path, chunk: int = 1 << 24) -> int:
+    """CRC-32 of a file's bytes, read ``chunk`` bytes at a time."""
+    crc = 0
+    with open(path, "rb") as f:
+        while block := f.read(chunk):
+            crc = zlib.crc32(block, crc)
+    return crc
+
+
+def write_manifest(ckpt: Path, skip: tuple[str, ...] = ()) -> None:
+    """Write :data:`MANIFEST` into ``ckpt``: size and CRC-32 of every file in it (but
+    ``skip``, e.g. the completion marker written after it), atomically."""
+    from provrl._sys import write_json
+
+    files = {
+        str(p.relative_to(ckpt)): {"bytes": p.stat().st_size, "crc32": file_crc32(p)}
+        for p in sorted(ckpt.rglob("*"))
+        if p.is_file() and p.name != MANIFEST and p.name not in skip and ".tmp-" not in p.name
+    }
+    write_json(ckpt / MANIFEST, {"files": files})
+
+
+def damaged_files(ckpt: Path) -> dict[str, str] | None:
+    """The files of ``ckpt`` that do not match its :data:`MANIFEST` → what is wrong
+    (missing, size, checksum; the manifest itself unreadable is ``{MANIFEST: why}``), ``{}``
+    when all match; None when the checkpoint has no manifest (written before there were
+    any: check it with :func:`check_checkpoint_dir`)."""
+    path = ckpt / MANIFEST
+    if not path.is_file():
+        return None
+    try:
+        files = json.loads(path.read_text())["files"]
+        assert isinstance(files, dict)
+    except (ValueError, KeyError, TypeError, AssertionError) as e:
+        return {MANIFEST: f"unreadable ({type(e).__name__})"}
+    bad: dict[str, str] = {}
+    for name, want in files.items():
+        f = ckpt / name
+        if not f.is_file():
+            bad[name] = "missing"
+        elif (size := f.stat().st_size) != want["bytes"]:
+            bad[name] = f"{size} bytes, {want['bytes']} written"
+        elif file_crc32(f) != want["crc32"]:
+            bad[name] = "checksum differs from the one written"
+    return bad
 
 
 def read_metadata(path: str | os.PathLike[str]) -> dict[str, Any]:

@@ -27,7 +27,8 @@ would only dilute the step (DAPO's dynamic sampling).
 
 A resumed run rebuilds the state by replaying the probe and the trajectory log
 (:meth:`Curriculum.record` in log order, then :meth:`Curriculum.advance` to the resumed
-version): the same evidence, so the same posteriors; a pool decided at an edge may come out
+version): the same evidence, so the same posteriors — each group counted once, even the
+complete untrained ones the collector hands back after the replay (:attr:`Evidence.group`); a pool decided at an edge may come out
 the other way than it did live, because the live run interleaved ``advance`` with the
 groups.
 """
@@ -57,6 +58,10 @@ class Evidence:
     successes: int
     k: int
     source: Literal["probe", "rl", "reprobe"] = "rl"
+    group: str = ""
+    """The group's key (``task#round``): a group's evidence counts once, however often it
+    is reported (a resume replays the log, then the collector hands back the complete
+    untrained groups it held); "" for evidence without one."""
 
 
 @dataclass(frozen=True)
@@ -120,6 +125,8 @@ class Curriculum:
     """Groups started (re-probes every ``reprobe_every``-th)."""
     last_start: dict[str, int] = field(default_factory=dict)
     """``started`` at each task's last start."""
+    counted: set[str] = field(default_factory=set)
+    """Group keys whose evidence is in (each counts once: :attr:`Evidence.group`)."""
 
     def __post_init__(self) -> None:
         if not self.tasks:
@@ -135,9 +142,13 @@ class Curriculum:
     # ------------------------------------------------------------------ evidence in
     def record(self, e: Evidence, version: int | None = None) -> Transition | None:
         """Add one group's evidence; re-pool its task at ``version`` (default the group's).
-        Returns the transition, if the task moved."""
+        Returns the transition, if the task moved. A group already counted is ignored."""
         if e.task_id not in self._by_id:
             raise KeyError(f"curriculum: unknown task {e.task_id!r}")
+        if e.group:
+            if e.group in self.counted:
+                return None
+            self.counted.add(e.group)
         self.evidence[e.task_id].append(e)
         at = e.version if version is None else version
         a, b = posterior(self.evidence[e.task_id], at, self.cfg)

@@ -35,7 +35,10 @@ the version and the set of trained trajectories; the trajectory log is read back
 untrained groups go back to the ready queue (subject to the lag rule), incomplete ones are
 finished without rerunning the samples that exist, and the curriculum is rebuilt by
 replaying the probe and the log. A version is hot-loaded only after its checkpoint is complete, so no trajectory can
-carry a version that a resumed run would produce again. A step's record is written into its
+carry a version that a resumed run would produce again — unless that checkpoint is found
+damaged on resume: then it is set aside, the previous one is used, the lost step is redone
+first with the very batch it trained (its record names it; :mod:`provrl.pipeline.steplog`),
+and untrained samples of the lost version are dropped, not continued. A step's record is written into its
 checkpoint before ``COMPLETE`` and ``RUN/rl/steps.jsonl`` is rebuilt from it on resume
 (:mod:`provrl.pipeline.steplog`), so the step records are always 1…N.
 
@@ -71,6 +74,7 @@ from provrl.distributed.factory import fleet_summary
 from provrl.engine.api import EngineFactory, HotLoadMode
 from provrl.env.tasks import Task
 from provrl.failpoints import failpoint
+from provrl.models.checkpoint import removed_unless_complete, write_manifest
 from provrl.pipeline.admission import (
     Ema,
     group_lag,
@@ -85,14 +89,17 @@ from provrl.pipeline.rundir import COMPLETE, RunDir
 from provrl.pipeline.steplog import (
     STEPS,
     keep_in_checkpoint,
+    redo_groups,
     restore_metrics,
     restore_steps,
+    resume_checkpoint,
     step_line,
 )
 from provrl.pipeline.steplog import read_steps as read_steps  # re-exported: its old home
 from provrl.provenance import Trajectory
 from provrl.rollout.collector import Collector, Group, group_key
 from provrl.run_config.run import RunConfig
+from provrl.train.learner import NonFiniteGuard
 from provrl.trajlog import TrajectoryWriter, read_trajectories
 
 
@@ -106,6 +113,10 @@ class RLState:
     dropped: list[str] = field(default_factory=list)
     skipped: list[str] = field(default_factory=list)
     """Trajectories of groups without signal (all rewards equal): never trained."""
+    nonfinite: list[str] = field(default_factory=list)
+    """Trajectories of batches whose update was not finite (refused): never trained."""
+    nonfinite_steps: int = 0
+    """Refused (non-finite) step attempts so far (:class:`~provrl.train.learner.NonFiniteGuard`)."""
     wall_s: float = 0.0
     trainer_busy_s: float = 0.0
 
@@ -207,7 +218,8 @@ class RLLoop:
         order_seed = cfg.pipeline.tasks.seed + 1 + (0 if self.loop.seed is None else 7919 * self.seed)  # fmt: skip
         self.curriculum = Curriculum(list(tasks), cfg.pipeline.curriculum, seed=order_seed)
         self.probe_groups = self.read_probe_groups(run.root / "probe" / "trajectories.jsonl")
-        latest = run.latest_checkpoint()
+        self.resume = resume_checkpoint(run)  # a damaged newest: the one before (steplog)
+        latest = self.resume.checkpoint
         self.state = RLState()
         policy_path = start_policy
         if latest is not None:
@@ -215,7 +227,8 @@ class RLLoop:
             policy_path = str(latest[1])
         self.log_path = self.rl_dir / "trajectories.jsonl"
         self.steps_log = self.rl_dir / STEPS
-        self.step_lines = restore_steps(self.rl_dir, None if latest is None else latest[1])
+        ckpt = None if latest is None else latest[1]
+        self.step_lines = restore_steps(self.rl_dir, ckpt, self.state.steps)
         """The lines of steps 1…N, as the newest checkpoint holds them (``steps.jsonl``)."""
         batch_rows = restore_metrics(self.rl_dir / "metrics.jsonl", self.state.steps)
         parts = build_rl_parts(  # model, engine, environment, learner, metrics sink
@@ -233,6 +246,7 @@ class RLLoop:
         self.learner, self.metrics = parts.learner, parts.metrics
         self.engine_threads, self.trainer_threads = parts.engine_threads, parts.trainer_threads
         self.rebuild_batch_rows(batch_rows)
+        self.guard = NonFiniteGuard(cfg.rl.nonfinite_limit, self.state.nonfinite_steps)
         self.dropped_before = len(set(self.state.dropped))  # trajectories, earlier sessions
         self.reprobes: set[str] = set()
         """Group keys started as re-probes of the unsolved or solved pool (this session)."""
@@ -292,7 +306,7 @@ class RLLoop:
         """One finished group's evidence into the curriculum (when it follows evidence)."""
         if self.cfg.pipeline.curriculum.enabled:
             kind = "probe" if source == "probe" else "reprobe" if g.key in self.reprobes else "rl"
-            self.curriculum.record(Evidence(g.task.task_id, g.min_version(), g.successes, len(g.trajectories), kind))  # type: ignore[arg-type]  # fmt: skip
+            self.curriculum.record(Evidence(g.task.task_id, g.min_version(), g.successes, len(g.trajectories), kind, g.key))  # type: ignore[arg-type]  # fmt: skip
 
     def resume_from_log(self) -> tuple[dict[str, list[Trajectory]], dict[str, int]]:
         """What the trajectory log holds beyond the checkpoint — the untrained samples by
@@ -303,7 +317,13 @@ class RLLoop:
         for tid in self.by_id:
             self.curriculum.visits[tid] = 1
         logged = list(read_trajectories(self.log_path)) if self.log_path.is_file() else []
+        known = {t.traj_id: t for t in logged}
+        known |= {t.traj_id: t for g in self.probe_groups.values() for t in g.trajectories}
+        self.redo = redo_groups(self.resume.lost, known, self.by_id)
+        """The groups of the steps a damaged checkpoint lost, in order: the first batches."""
+        self.redo_ids = {t.traj_id for g in self.redo for t in g.trajectories}
         done = set(self.state.trained) | set(self.state.dropped) | set(self.state.skipped)
+        done |= set(self.state.nonfinite) | self.redo_ids
         partial: dict[str, list[Trajectory]] = defaultdict(list)
         groups: dict[str, list[Trajectory]] = defaultdict(list)
         for t in logged:
@@ -341,19 +361,23 @@ class RLLoop:
         )
         for key, trajs in self.partial.items():
             task_id, round_ = key.split("#r")
-            if self.loop.mode == "sync" or task_id not in self.by_id:
-                self.state.dropped.extend(t.traj_id for t in trajs)
+            ahead = any(t.num_actions and t.version[t.is_action].max() > self.state.version for t in trajs)  # fmt: skip
+            if self.loop.mode == "sync" or task_id not in self.by_id or ahead:  # ahead: of a
+                self.state.dropped.extend(t.traj_id for t in trajs)  # version a damaged ckpt lost
                 continue
             self.col.submit(self.by_id[task_id], self.loop.k, round=int(round_), done=trajs)
             self.outstanding += 1
         if self.cfg.pipeline.curriculum.train_on_probe and self.loop.mode == "async":
             self.ready_probe_groups()
+        self.ready[:0] = self.redo  # a lost step redone first, with the batch it trained
+        self.outstanding += len(self.redo)
         return self
 
     def ready_probe_groups(self) -> None:
         """The probe's untrained groups of kept tasks with signal become ready (async: the
         lag rule drops them once they are too old)."""
         done = set(self.state.trained) | set(self.state.dropped) | set(self.state.skipped)
+        done |= set(self.state.nonfinite) | self.redo_ids
         for g in self.probe_groups.values():
             if self.curriculum.pools[g.task.task_id] != "kept" or not has_signal(g.rewards):
                 continue
@@ -458,6 +482,10 @@ class RLLoop:
         under a version a crash could lose, and no committed step lacks its record."""
         failpoint("rl.trained")  # the update exists only in memory: a kill trains it again
         self.outstanding -= len(groups)
+        if result.skipped is not None:  # not finite: nothing saved or loaded, batch untrained
+            self.state.nonfinite.extend(t.traj_id for g in groups for t in g.trajectories)
+            self.guard.skipped(result, self.state.steps + 1)  # raises after rl.nonfinite_limit
+            return
         self.trainer_busy += float(result.metrics.get("step_s", 0.0))
         self.state.trained.extend(t.traj_id for g in groups for t in g.trajectories)
         self.state.steps += 1
@@ -467,6 +495,8 @@ class RLLoop:
         stats.update(self.signal_since_last_step())
         if self.loop.admission == "paced":  # the estimates the next starts are paced by
             stats["paced_step_s"], stats["paced_group_s"] = self.step_time.value, self.group_time.value  # fmt: skip
+        stats["nonfinite_skipped"] = self.guard.since_last_step()
+        self.state.nonfinite_steps = self.guard.total
         record = self.step_record(result.version, dict(result.metrics), stats)
         self.save(result.version, record)  # before the engine may sample a single token of it
         self.record(record)
@@ -505,21 +535,23 @@ class RLLoop:
         """Checkpoint u+1 (weights, optimizer, RNG, trained ids, the records of steps 1…N),
         ``COMPLETE`` last — complete before hot-load; then the older checkpoint is pruned."""
         final = self.rl_dir / f"ckpt-v{result_version}"
-        with writing(final):  # disk full: one line naming the checkpoint, not a traceback
+        # disk full: one line naming the checkpoint, and the incomplete directory removed
+        with writing(final), removed_unless_complete(final):
             self.learner.save(
                 final, kind="rl", version=result_version, start_policy=self.start_policy
             )
-        failpoint("rl.ckpt.weights")
-        self.state.version = result_version
-        self.state.wall_s = time.perf_counter() - self.t_start
-        self.state.trainer_busy_s = self.trainer_busy
-        write_json(final / "state.json", self.state.__dict__)
-        keep_in_checkpoint(final, [*self.step_lines, step_line(record)])
-        failpoint("rl.ckpt.state")
-        write_atomic(final / COMPLETE, b"")
+            failpoint("rl.ckpt.weights")
+            self.state.version = result_version
+            self.state.wall_s = time.perf_counter() - self.t_start
+            self.state.trainer_busy_s = self.trainer_busy
+            write_json(final / "state.json", self.state.__dict__)
+            keep_in_checkpoint(final, [*self.step_lines, step_line(record)])
+            failpoint("rl.ckpt.state")
+            write_manifest(final)  # the CRC-32 of every file: a resume checks them
+            write_atomic(final / COMPLETE, b"")
         self.step_lines.append(step_line(record))
         failpoint("rl.ckpt.complete")  # committed; the step's record is in the checkpoint only
-        self.run_dir.prune_checkpoints(keep=1)
+        self.run_dir.prune_checkpoints(keep=self.loop.save_total_limit)
         failpoint("rl.ckpt.pruned")
 
     def record(self, record: dict[str, Any]) -> None:
@@ -632,6 +664,7 @@ class RLLoop:
             "trajectories_trained": len(self.state.trained),
             "groups_dropped_stale": self.groups_dropped + self.dropped_before,
             "resumed": self.resumed,
+            "resume_notes": self.resume.notes,
             "wall_s": wall,
             "stage_wall_s": wall,
             "session_wall_s": session,
@@ -658,6 +691,7 @@ class RLLoop:
                 "tokens_frac": self.signal["zero_signal_tokens"] / max(1, self.signal["tokens"]),
                 "trajectories_skipped": len(self.state.skipped),
             },
+            "nonfinite_steps": self.guard.total,
         }
         if fleet is not None:
             summary["ray"] = fleet

@@ -182,11 +182,11 @@ def run_pipeline(cfg: RunConfig, run_dir: str | Path, *, progress: bool = True) 
 
 
 def _stage(run: RunDir, name: str, fn: Any) -> dict[str, Any]:
-    """The stage's summary: read back if it finished before, else computed (timed) and marked
-    done. A write of the stage that fails for want of space or permission is one line naming
+    """The stage's summary: read back if it finished before (and its logs are whole:
+    :meth:`RunDir.check_finished_logs`), else computed (timed) and marked done. A write of the stage that fails for want of space or permission is one line naming
     the file (or at least the stage's directory)."""
     done = run.done(name)
-    if done is not None:
+    if done is not None and not run.check_finished_logs(name):  # a torn log: redone
         return done
     t0 = time.perf_counter()
     with writing(run.root / name):

@@ -13,7 +13,10 @@ stage's resumable checkpoints.
     RUN/rl/trajectories.jsonl         every RL trajectory, appended as it finishes
     RUN/rl/steps.jsonl                one record per step, 1…N (rebuilt from the checkpoint)
     RUN/rl/ckpt-v{N}/                 weights (safetensors) + optimizer.pt + state.json +
-                                      steps.jsonl (the records of steps 1…N), COMPLETE last
+                                      steps.jsonl (the records of steps 1…N) +
+                                      checksums.json (size, CRC-32 of each), COMPLETE last;
+                                      the newest pipeline.loop.save_total_limit are kept
+    RUN/rl/damaged-ckpt-v{N}-<µs>/    a checkpoint a resume found damaged, set aside
     RUN/eval/{policy}/                eval.json + trajectories.jsonl per evaluated policy
     RUN/report/                       report.md + PNGs
     RUN/{stage}/done.json             written last: the stage is skipped when it exists
@@ -28,13 +31,27 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import time
+import warnings
 from pathlib import Path
 from typing import Any
 
 from provrl._sys import write_json
+from provrl.appendlog import TornRecordWarning, repair_torn_tail
 
 STAGES = ("world", "warmstart", "probe", "filter", "selfsft", "rl", "eval", "report")
 COMPLETE = "COMPLETE"
+REDONE_WHEN_TORN = ("probe", "rl")
+"""Finished stages redone when one of their logs has a torn record: each resumes from its
+own files, reusing every intact record — the probe reruns only the lost episode, with its
+own seed (the same K as before); the RL stage rebuilds its step record and metrics rows
+from the checkpoint and trains nothing. Other finished stages' torn records are moved
+aside."""
+
+
+class ResumeWarning(UserWarning):
+    """A resume repaired a file, redid a stage or fell back to an older checkpoint (one
+    line: what and why)."""
 
 
 class RunDir:
@@ -66,6 +83,33 @@ class RunDir:
             raise ValueError(f"{p}: corrupt stage marker ({e}); delete it to redo the stage") from e
         return out
 
+    def check_finished_logs(self, name: str) -> bool:
+        """Whether the finished stage ``name`` must be redone: every append-only log of it
+        (``*.jsonl``, outside checkpoints) is checked for a torn last record — a stage of
+        :data:`REDONE_WHEN_TORN` is then redone, any other has the torn bytes moved aside
+        (``<log>.torn-<µs>``, nothing deleted). One warning line per log says which."""
+        redo = False
+        root = self.root / name
+        for log in sorted(root.rglob("*.jsonl")) if root.is_dir() else ():
+            if any(p.startswith(("ckpt", "damaged-")) for p in log.relative_to(root).parts):
+                continue  # a checkpoint's files are checked against its checksums
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore", TornRecordWarning)
+                side = repair_torn_tail(log)
+            if side is None:
+                continue
+            what = "the stage is redone (each intact record reused, the lost one rerun)"
+            if name not in REDONE_WHEN_TORN:
+                what = "the stage is kept"
+            warnings.warn(
+                f"{log}: the finished {name} stage's last record was torn (moved to "
+                f"{side.name}); {what}",
+                ResumeWarning,
+                stacklevel=2,
+            )
+            redo |= name in REDONE_WHEN_TORN
+        return redo
+
     def mark_done(self, name: str, summary: dict[str, Any]) -> dict[str, Any]:
         write_json(self.stage(name) / "done.json", summary)
         return summary
@@ -83,6 +127,13 @@ class RunDir:
     def latest_checkpoint(self) -> tuple[int, Path] | None:
         ck = self.checkpoints()
         return ck[-1] if ck else None
+
+    def set_aside(self, ckpt: Path) -> Path:
+        """Rename a damaged checkpoint out of the way (``damaged-ckpt-vN-<µs>``: no longer a
+        checkpoint, nothing deleted) and return its new path."""
+        to = ckpt.with_name(f"damaged-{ckpt.name}-{time.time_ns() // 1000}")
+        ckpt.rename(to)
+        return to
 
     def prune_checkpoints(self, keep: int = 1) -> None:
         """Delete all but the newest ``keep`` complete checkpoints, and incomplete ones."""

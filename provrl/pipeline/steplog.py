@@ -15,6 +15,18 @@ append-only (:mod:`provrl.appendlog`), but a step is *committed* only by its che
 
 So after any kill and resume the step records are contiguous 1…N, N the checkpoint's step
 count, and nothing written is deleted.
+
+Damage, not only kills (:func:`resume_checkpoint`): every checkpoint carries the CRC-32 of
+each of its files (:func:`~provrl.models.checkpoint.write_manifest`) and the newest
+``pipeline.loop.save_total_limit`` complete ones are kept. On resume the newest is checked
+against its checksums; a damaged ``steps.jsonl`` whose lines ``RUN/rl/steps.jsonl`` still
+holds byte for byte (the CRC says so) is written back; any other damage sets the checkpoint
+aside (``RUN/rl/damaged-ckpt-vN-<µs>``) and the previous one is used — one warning line
+each — and the steps it lacks are *redone exactly*: their records name the trajectories each
+trained, in order, and the trajectory log still holds them (:func:`redo_groups`). The count
+of step records is checked against the checkpoint's ``state.steps``
+(:func:`restore_steps`): a shortfall is filled from the other durable copy or refused, never
+resolved by dropping a good line.
 """
 
 from __future__ import annotations
@@ -22,12 +34,20 @@ from __future__ import annotations
 import json
 import os
 import warnings
+import zlib
+from collections.abc import Mapping
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from provrl._sys import write_atomic
 from provrl.appendlog import AppendLog, TornRecordWarning, read_lines, set_aside
+from provrl.env.tasks import Task
+from provrl.models.checkpoint import MANIFEST, CheckpointError, check_checkpoint_dir, damaged_files
+from provrl.pipeline.rundir import ResumeWarning, RunDir
+from provrl.provenance import Trajectory
 from provrl.report.metrics import read_metrics
+from provrl.rollout.collector import Group
 
 STEPS = "steps.jsonl"
 """The step record's name, in ``RUN/rl/`` and in every checkpoint."""
@@ -73,18 +93,39 @@ def keep_in_checkpoint(ckpt: Path, lines: list[bytes]) -> None:
     write_atomic(ckpt / STEPS, b"".join(lines))
 
 
-def restore_steps(rl_dir: Path, ckpt: Path | None) -> list[bytes]:
+def restore_steps(rl_dir: Path, ckpt: Path | None, steps: int | None = None) -> list[bytes]:
     """Make ``rl_dir/steps.jsonl`` hold exactly the step lines checkpoint ``ckpt`` holds
     (none without a checkpoint) and return them: lines it lacks are appended, lines past them
     (never written by this ordering, but possible in an edited run) set aside. A checkpoint
-    written before step records were kept in it leaves the file as it is."""
+    written before step records were kept in it leaves the file as it is.
+
+    ``steps``: the checkpoint's ``state.steps``. Fewer lines in the checkpoint than that are
+    filled from ``rl_dir/steps.jsonl`` where it holds them after the same first lines (and
+    written back into the checkpoint), with one warning line; otherwise, or with more lines
+    than steps, :class:`StepLogError` — a good line is never dropped to make them agree."""
     path = rl_dir / STEPS
     if ckpt is not None and not (ckpt / STEPS).is_file():
         return step_lines(path) if path.is_file() else []
-    want = step_lines(ckpt / STEPS) if ckpt is not None else []
     with AppendLog(path):  # a torn tail moved aside
         pass
-    have = step_lines(path)
+    want = step_lines(ckpt / STEPS) if ckpt is not None else []
+    have = step_lines(path) if path.is_file() else []
+    if ckpt is not None and steps is not None and len(want) != steps:
+        if len(want) < steps <= len(have) and have[: len(want)] == want:
+            had, want = len(want), have[:steps]
+            keep_in_checkpoint(ckpt, want)
+            warnings.warn(
+                f"{ckpt / STEPS}: {had} step records for {steps} steps; the missing "
+                f"ones restored from {path}",
+                ResumeWarning,
+                stacklevel=2,
+            )
+        else:
+            raise StepLogError(
+                f"{ckpt / STEPS}: {len(want)} step records, but the checkpoint says "
+                f"{steps} steps and {path} cannot supply the difference; restore the file "
+                "or move the checkpoint aside to resume from the one before"
+            )
     common = 0
     while common < min(len(have), len(want)) and have[common] == want[common]:
         common += 1
@@ -112,3 +153,148 @@ def restore_metrics(path: Path, steps: int) -> set[int]:
         for r in rows
         if int(r.get("step", 0)) <= steps and any(k.startswith("rl_batch/") for k in r)
     }
+
+
+# ---------------------------------------------------------------------- damaged checkpoints
+@dataclass
+class Resume:
+    """Where a resumed RL stage starts (:func:`resume_checkpoint`)."""
+
+    checkpoint: tuple[int, Path] | None
+    """(version, dir) of the newest complete checkpoint whose files are intact, or None."""
+    lost: list[dict[str, Any]] = field(default_factory=list)
+    """The records of the steps a damaged newer checkpoint had committed, in order: to redo
+    exactly (:func:`redo_groups`)."""
+    notes: list[str] = field(default_factory=list)
+    """What was repaired or set aside, one line each (also warned)."""
+
+
+def checkpoint_problem(ckpt: Path, steps_log: Path) -> str | None:
+    """Why checkpoint ``ckpt`` cannot be resumed from, or None. A ``steps.jsonl`` that fails
+    its checksum is first written back from the lines ``steps_log`` holds when they match
+    the checksum exactly (one warning line)."""
+    bad = damaged_files(ckpt)
+    if bad is None:  # written before checksums: what can be checked without them
+        try:
+            check_checkpoint_dir(ckpt)
+            json.loads((ckpt / "state.json").read_text())
+        except (CheckpointError, OSError, ValueError) as e:
+            return str(e).removeprefix(f"{ckpt}/").removeprefix(f"{ckpt}: ")
+        return None
+    if not bad or (set(bad) == {STEPS} and _repair_steps(ckpt, steps_log)):
+        return None
+    return "; ".join(f"{name}: {why}" for name, why in bad.items())
+
+
+def _repair_steps(ckpt: Path, steps_log: Path) -> bool:
+    """Write ``ckpt/steps.jsonl`` back from the first lines of ``steps_log`` if they are the
+    bytes its manifest describes (size and CRC-32)."""
+    want = json.loads((ckpt / MANIFEST).read_text())["files"][STEPS]
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", TornRecordWarning)
+            lines = step_lines(steps_log) if steps_log.is_file() else []
+    except StepLogError:
+        return False
+    data = b""
+    for line in lines:
+        if len(data) >= want["bytes"]:
+            break
+        data += line
+    if len(data) != want["bytes"] or zlib.crc32(data) != want["crc32"]:
+        return False
+    write_atomic(ckpt / STEPS, data)
+    warnings.warn(
+        f"{ckpt / STEPS}: damaged; written back from {steps_log} (the same bytes: the "
+        "checksum matches)",
+        ResumeWarning,
+        stacklevel=3,
+    )
+    return True
+
+
+def resume_checkpoint(run: RunDir) -> Resume:
+    """The checkpoint a resumed RL stage starts from: the newest complete one whose files
+    match their checksums (:func:`checkpoint_problem`). Each damaged newer one is set aside
+    (``damaged-ckpt-vN-<µs>``, nothing deleted) with one warning line, and the records of
+    the steps it had committed are returned to be redone (``lost``), read from its own
+    ``steps.jsonl`` if that is intact, else from ``RUN/rl/steps.jsonl``."""
+    steps_log = run.root / "rl" / STEPS
+    complete = run.checkpoints()
+    damaged: list[tuple[int, Path, str]] = []
+    out = Resume(None)
+    while complete:
+        version, ckpt = complete.pop()
+        why = checkpoint_problem(ckpt, steps_log)
+        if why is None:
+            out.checkpoint = (version, ckpt)
+            break
+        damaged.append((version, ckpt, why))
+    if not damaged:
+        return out
+    base = out.checkpoint[0] if out.checkpoint else 0
+    lost = _lost_records(damaged, steps_log, base)
+    for version, ckpt, why in damaged:
+        moved = run.set_aside(ckpt)
+        back = out.checkpoint[1].name if out.checkpoint else "the start policy"
+        note = (
+            f"{ckpt}: damaged ({why}); set aside as {moved.name}, resuming from {back}: "
+            f"step(s) {base + 1}…{version} "
+            + (
+                "redone exactly from the trajectory log"
+                if len(lost) >= version - base
+                else "trained again (their records are lost)"
+            )
+        )
+        out.notes.append(note)
+        warnings.warn(note, ResumeWarning, stacklevel=2)
+    out.lost = lost
+    return out
+
+
+def _lost_records(
+    damaged: list[tuple[int, Path, str]], steps_log: Path, base: int
+) -> list[dict[str, Any]]:
+    """The records of steps ``base + 1``… in order, as long as they run without a gap: from
+    the newest damaged checkpoint's ``steps.jsonl`` when it is intact, else the run's."""
+    sources = [ckpt / STEPS for _, ckpt, why in damaged if f"{STEPS}:" not in why]
+    sources.append(steps_log)
+    for src in sources:
+        if not src.is_file():
+            continue
+        try:
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore", TornRecordWarning)
+                records = [json.loads(line) for line in step_lines(src)]
+        except StepLogError:
+            continue
+        out: list[dict[str, Any]] = []
+        for r in records:
+            if int(r.get("step", 0)) == base + 1 + len(out):
+                out.append(r)
+        if out:
+            return out
+    return []
+
+
+def redo_groups(
+    records: list[dict[str, Any]], trajectories: Mapping[str, Trajectory], tasks: Mapping[str, Task]
+) -> list[Group]:
+    """The groups the steps of ``records`` trained, in the order they trained them (each
+    record's ``trained`` ids, cut where the group changes), rebuilt from ``trajectories``
+    (by id: the trajectory and probe logs). Stops at the first step one of whose
+    trajectories or tasks is gone: that step and the later ones are trained afresh."""
+    out: list[Group] = []
+    for record in records:
+        step: list[Group] = []
+        for tid in record.get("trained", []):
+            t = trajectories.get(tid)
+            if t is None or t.task_id not in tasks:
+                return out
+            key = str(t.meta.get("group") or "")
+            r = int(key.rsplit("#r", 1)[1]) if "#r" in key else 0  # the probe's: round 0
+            if not step or (step[-1].task.task_id, step[-1].round) != (t.task_id, r):
+                step.append(Group(tasks[t.task_id], r, []))
+            step[-1].trajectories.append(t)
+        out += step
+    return out

@@ -63,6 +63,15 @@ class RLLoopConfig(Section):
         description="RL optimizer steps (= new policy versions).",
         **peer_names("steps", trl="max_steps", verl="trainer.total_training_steps"),
     )
+    save_total_limit: int = Field(
+        2,
+        ge=1,
+        description="Complete RL checkpoints kept (the newest; older ones are deleted after "
+        "each save). With 2 or more, a resume that finds the newest damaged (its files "
+        "checked against the CRC-32s written with it) falls back to the one before and "
+        "redoes the lost step exactly from the trajectory log; with 1 it can only stop.",
+        **peer_names("save_total_limit", trl="save_total_limit"),
+    )
 
     @model_validator(mode="before")
     @classmethod

@@ -91,7 +91,6 @@ class RunConfig(Section):
         "bounds one turn, env.agent.max_total_tokens the whole episode",
         "max_prompt_length": "env.agent.max_total_tokens bounds prompt and turns together",
         "save_steps": "every RL step is checkpointed before its weights are hot-loaded",
-        "save_total_limit": "the RL stage keeps its newest checkpoint only",
         "bf16": "set model.dtype=bfloat16 (the trainer) and engine.dtype=bfloat16 (rollouts)",
         "fp16": "set model.dtype=float16 and engine.dtype=float16",
         "gradient_checkpointing": "not supported yet",

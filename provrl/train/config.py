@@ -153,6 +153,14 @@ class RLConfig(Section):
         4, ge=1, description="Version lags 0..n−1 get their own metric; the rest are lumped."
     )
     seed: int = Field(0, description="Seed of minibatch shuffling and FVP subsampling.")
+    nonfinite_limit: int = Field(
+        3,
+        ge=1,
+        description="Stop the run after this many RL steps in a row whose loss, gradient or "
+        "new weights were not finite. Each such step is skipped: rolled back, counted in "
+        "the next step record (nonfinite_skipped), never saved or hot-loaded; its batch is "
+        "not trained.",
+    )
     progress: bool = Field(False, description="Show a progress bar over micro-batches.")
 
     @model_validator(mode="after")

@@ -13,8 +13,16 @@ Two implementations with one surface (the :class:`Learner` protocol), chosen by
 
     learner = LocalLearner(lm, cfg.rl, version=u, metrics=metrics, optimizer_state=ckpt)
     update = learner.step(trajectories)              # θ_{u+1}
-    learner.save(ckpt_dir, kind="rl", version=update.version, start_policy=...)
-    engine.load_weights(update.weights, update.version, mode)
+    if update.skipped is None:                       # a finite update
+        learner.save(ckpt_dir, kind="rl", version=update.version, start_policy=...)
+        engine.load_weights(update.weights, update.version, mode)
+
+A step whose loss, gradient or new weights are not finite is refused by the trainer
+(:func:`provrl.train.rl.nonfinite_reason`): ``update.skipped`` says why, the learner holds the
+weights and optimizer state it held before the step (rolled back from the last saved copy
+where an optimizer step had already run: :meth:`LocalLearner.rollback`), and there is
+nothing to save or load. :class:`NonFiniteGuard` counts the refused steps and stops the run
+after ``rl.nonfinite_limit`` in a row.
 """
 
 from __future__ import annotations
@@ -46,6 +54,53 @@ class Update:
     :class:`~provrl.distributed.weights.Published` object-store reference (Ray)."""
     metrics: dict[str, float]
     """The step's metrics (also logged to the run's metrics sink)."""
+    skipped: str | None = None
+    """Why the step was refused (its loss, a gradient or a new weight not finite), else
+    None. A refused step has no weights (None) and keeps the old version; the learner is
+    back where it was before the step."""
+
+
+class NonFiniteError(ValueError):
+    """Too many RL steps in a row were not finite: the run stops (one line, the last
+    reason and what to change)."""
+
+
+class NonFiniteGuard:
+    """The refused steps of a run (:attr:`Update.skipped`): each is one warning line and is
+    counted (:meth:`since_last_step` goes into the next step record); ``limit`` of them in a
+    row raise :class:`NonFiniteError`."""
+
+    def __init__(self, limit: int, total: int = 0) -> None:
+        self.limit, self.total, self.streak, self._pending = limit, total, 0, 0
+
+    def skipped(self, update: Update, step: int) -> None:
+        """Count one refused attempt at step ``step``; raise once ``limit`` are in a row."""
+        self.total += 1
+        self.streak += 1
+        self._pending += 1
+        if self.streak >= self.limit:
+            raise NonFiniteError(
+                f"rl step {step}: {self.streak} updates in a row were not finite (last: "
+                f"{update.skipped}); nothing of them was saved or loaded — lower rl.lr, keep "
+                "rl.max_grad_norm set, or check the rewards (rl.nonfinite_limit)"
+            )
+        import warnings
+
+        warnings.warn(
+            f"rl step {step}: update not finite ({update.skipped}); skipped, its batch is "
+            f"not trained ({self.streak} in a row, limit {self.limit})",
+            NonFiniteWarning,
+            stacklevel=2,
+        )
+
+    def since_last_step(self) -> int:
+        """Refused attempts since the last taken step (and the streak ends: one was taken)."""
+        n, self._pending, self.streak = self._pending, 0, 0
+        return n
+
+
+class NonFiniteWarning(UserWarning):
+    """An RL step was refused because it was not finite (it is skipped)."""
 
 
 class Learner(Protocol):
@@ -102,8 +157,12 @@ class LocalLearner:
             tokenizer=lm.tokenizer_identity,
             publish_dtype=publish_dtype,
         )
+        self.durable: Path | None = lm.path
+        """The last saved weights (and optimizer state, if any): where :meth:`rollback`
+        restores from — the checkpoint resumed from or last saved, else the start policy."""
         if optimizer_state is not None:
             self.restore(optimizer_state)
+            self.durable = Path(optimizer_state)
 
     @property
     def version(self) -> int:
@@ -130,7 +189,44 @@ class LocalLearner:
 
     def step(self, trajectories: Sequence[Trajectory]) -> Update:
         r = self.trainer.step(trajectories)
+        if r.skipped is not None:
+            if r.restore:
+                self.rollback()
+            return Update(r.version, None, r.metrics, skipped=r.skipped)
         return Update(r.version, r.state_dict, r.metrics)
+
+    def rollback(self) -> None:
+        """Put back the weights and optimizer state of :attr:`durable` — the state before a
+        refused step, since every taken step is saved before the next one starts (with no
+        optimizer file there: a fresh optimizer, as at the start)."""
+        import torch
+
+        from provrl.models.checkpoint import load_state_dict
+
+        if self.durable is None:
+            raise NonFiniteError(
+                "rl: a refused update had already changed the weights and there is no saved "
+                "copy to roll back to (the start policy is not a directory); lower rl.lr"
+            )
+        state: dict[str, torch.Tensor] = {}
+        for f in sorted(self.durable.glob("*.safetensors")):
+            state.update(load_state_dict(f))
+        model = self.lm.model
+        missing, unexpected = model.load_state_dict(state, strict=False)
+        tied = {k for k in missing if k.endswith("lm_head.weight")}
+        if unexpected or set(missing) - tied:
+            raise NonFiniteError(f"{self.durable}: cannot roll back to these weights")
+        t = self.trainer
+        if (self.durable / OPTIMIZER_FILE).is_file():
+            self.restore(self.durable)
+        elif t.optimizer is not None:
+            from provrl.train.optim import adamw
+
+            c = t.cfg
+            t.optimizer = adamw(
+                t.params, lr=c.lr, betas=c.betas, eps=c.adam_eps, weight_decay=c.weight_decay
+            )
+            t.optimizer_steps = 0
 
     def save(self, path: str | os.PathLike[str], **meta: Any) -> None:
         import torch
@@ -148,6 +244,7 @@ class LocalLearner:
                 },
                 Path(path) / OPTIMIZER_FILE,
             )
+        self.durable = Path(path)
 
     def info(self) -> dict[str, Any]:
         import torch

@@ -17,12 +17,17 @@ One :meth:`RLTrainer.step` reads top to bottom:
    (:mod:`provrl.objectives.diagnostics`), all against the *recorded* behaviour logprobs.
 4. **update** — AdamW: ``epochs`` × ``minibatches`` optimizer steps, each accumulating the
    exact minibatch loss over micro-batches (token weights ω are computed per minibatch), with
-   gradient clipping and non-finite-gradient skipping. TRPO: one
+   gradient clipping. TRPO: one
    :func:`provrl.objectives.trpo.trpo_step` on the token surrogate. Every forward is
    *packed* (``packing``, :mod:`provrl.train.packing`): a micro-batch is one row without
    padding, each GRPO group's shared prompt computed once, cut after the last action.
-5. **publish** — ``version += 1``; metrics go to the :class:`~provrl.report.MetricsWriter`;
-   the caller gets :class:`StepResult` ``(version, state_dict, metrics)`` to hot-load into
+5. **publish** — only a finite update (:func:`nonfinite_reason`): if the loss, a gradient
+   norm or a new weight is not finite, the step is refused — no further optimizer step,
+   the shuffling RNG set back, ``version`` unchanged — and :class:`StepResult` says why
+   (``skipped``) and whether an optimizer step already changed the weights (``restore``:
+   the caller puts back the last saved ones, :meth:`provrl.train.learner.LocalLearner.rollback`).
+   Otherwise ``version += 1``; metrics go to the :class:`~provrl.report.MetricsWriter`; the
+   caller gets :class:`StepResult` ``(version, state_dict, metrics)`` to hot-load into
    engines with ``engine.load_weights(result.state_dict, result.version, mode)``.
 
 The model stays in eval mode (no dropout): π_θ must be the policy the engine samples.
@@ -45,6 +50,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from provrl.failpoints import fault
 from provrl.objectives import advantages as adv_fns
 from provrl.objectives import diagnostics as diag
 from provrl.objectives.config import AdvantageConfig, ObjectiveConfig
@@ -228,6 +234,23 @@ class Proximal:
 
 
 # ============================================================================ 5. publish
+NONFINITE_KEYS = ("loss", "pg_loss", "grad_norm", "grad_norm_max")
+"""The step metrics that must be finite for the update to be published."""
+
+
+def nonfinite_reason(metrics: dict[str, float], params: Sequence[torch.Tensor]) -> str | None:
+    """Why an update must not be published — a metric of :data:`NONFINITE_KEYS` (loss,
+    gradient norm) or a parameter that is NaN or ±inf — or None when it is finite."""
+    for key in NONFINITE_KEYS:
+        if key in metrics and not math.isfinite(metrics[key]):
+            return f"{key} is {metrics[key]}"
+    with torch.no_grad():
+        for p in params:
+            if not bool(torch.isfinite(p).all()):
+                return "a new weight is not finite"
+    return None
+
+
 def published_weights(model: Any, dtype: torch.dtype | None = None) -> dict[str, torch.Tensor]:
     """Detached CPU copies of ``model``'s state dict (in ``dtype`` when given, floating
     tensors only), one copy per storage: tied weights (SmolLM2's embedding and LM head) stay
@@ -258,6 +281,13 @@ class StepResult:
     """Detached CPU copies of the new weights: ``engine.load_weights(state_dict, version)``."""
     metrics: dict[str, float]
     """Everything logged for this step (also written to the metrics sink)."""
+    skipped: str | None = None
+    """Why the step was refused (its loss, a gradient or a new weight not finite), else None.
+    A refused step publishes nothing (``state_dict`` empty, ``version`` unchanged) and logs
+    nothing to the metrics sink."""
+    restore: bool = False
+    """A refused step after which the weights are not the old ones (an optimizer step ran
+    before the non-finite value showed): the caller restores the last saved weights."""
 
 
 class RLTrainer:
@@ -325,6 +355,7 @@ class RLTrainer:
         t0 = time.perf_counter()
         cfg = self.cfg
         self.model.eval()
+        rng, steps_before = self.generator.get_state(), self.optimizer_steps
         batch, metrics = prepare_batch(
             trajectories,
             pad_token_id=self.pad_token_id,
@@ -352,6 +383,12 @@ class RLTrainer:
                 rest = everything[~torch.isin(everything, reused)]
                 prox = self.proximal_pass(batch, rest)
                 metrics |= self.adamw_update(batch, prox, orders, reused)
+        skipped = nonfinite_reason(metrics, self.params)
+        if skipped is not None:  # refused: the caller neither saves nor loads anything
+            self.generator.set_state(rng)
+            restore, self.optimizer_steps = self.optimizer_steps != steps_before, steps_before
+            metrics["step_s"] = time.perf_counter() - t0
+            return StepResult(self.version, {}, metrics, skipped=skipped, restore=restore)
         metrics |= self.diagnostics(batch, prox)
         self.version += 1
         n_act = int(batch.mask.sum())
@@ -491,7 +528,6 @@ class RLTrainer:
         pending[reused] = True
         totals: dict[str, float] = {}
         grad_norms: list[float] = []
-        skipped = 0
         for order in orders:
             for mb in order.tensor_split(min(cfg.minibatches, batch.size)):
                 weights = torch.zeros_like(batch.tb.behaviour_logprobs)
@@ -507,23 +543,25 @@ class RLTrainer:
                     _accumulate(totals, out)
                 if bool(pending.any()):
                     raise AssertionError("rows left without π_prox before the first step")
+                if fault("rl.nan_grad"):  # tests: what an overflow or a poisoned batch gives
+                    next(p for p in self.params if p.grad is not None).grad.fill_(math.nan)  # type: ignore[union-attr]  # fmt: skip
                 norm = self._clip_gradients()
                 grad_norms.append(norm)
-                if not math.isfinite(norm):
-                    skipped += 1
+                if not math.isfinite(norm):  # the whole step is refused (step(), 5. publish)
                     self.optimizer.zero_grad(set_to_none=True)
-                    continue
+                    break
                 self._set_lr()
                 self.optimizer.step()
                 self.optimizer_steps += 1
+            else:
+                continue
+            break
         n_steps = cfg.epochs * min(cfg.minibatches, batch.size)
         summary = _summarise(totals, n_steps)
-        finite = [g for g in grad_norms if math.isfinite(g)]
         return summary | {
-            "grad_norm": float(np.mean(finite)) if finite else math.nan,
-            "grad_norm_max": max(finite) if finite else math.nan,
-            "skipped_steps": float(skipped),
-            "optimizer_steps": float(n_steps - skipped),
+            "grad_norm": float(np.mean(grad_norms)) if grad_norms else math.nan,
+            "grad_norm_max": max(grad_norms) if grad_norms else math.nan,
+            "optimizer_steps": float(sum(math.isfinite(g) for g in grad_norms)),
             "lr": self.optimizer.param_groups[0]["lr"],
             "proximal_reused_frac": len(reused) / batch.size,
         }

@@ -91,3 +91,18 @@ def test_unknown_task_and_empty_curriculum_are_refused():
     cur = Curriculum(_tasks(1), CFG)
     with pytest.raises(KeyError, match="unknown task"):
         cur.record(Evidence("nope", 0, 1, 8))
+
+
+def test_a_group_reported_twice_counts_once():
+    """A resume replays the log's complete groups, then the collector hands back the
+    untrained ones: the second report of a group changes nothing (issue 38: pools 2 / 6
+    against 4 / 4 in an uninterrupted run)."""
+    tasks = _tasks(2)
+    cur = Curriculum(tasks, CFG)
+    e = Evidence(tasks[0].task_id, 0, 0, 8, "rl", tasks[0].task_id + "#r1")
+    assert cur.record(e) is not None and cur.pools[tasks[0].task_id] == "unsolved"
+    before = (dict(cur.pools), list(cur.evidence[tasks[0].task_id]))
+    assert cur.record(e) is None
+    assert (dict(cur.pools), list(cur.evidence[tasks[0].task_id])) == before
+    cur.record(Evidence(tasks[0].task_id, 0, 0, 8))  # no key: always counted
+    assert len(cur.evidence[tasks[0].task_id]) == 2

@@ -35,6 +35,15 @@ def read_only(obj, f, *a, **k):
     return real(obj, f, *a, **k)
 torch.save = read_only
 """
+TOKENIZER = """
+import transformers.tokenization_utils_base as tb
+real = tb.PreTrainedTokenizerBase.save_pretrained
+def full(self, save_directory, *a, **k):
+    if "ckpt-v2" in str(save_directory):  # the tokenizers library's own error type
+        raise Exception("No space left on device (os error 28)")
+    return real(self, save_directory, *a, **k)
+tb.PreTrainedTokenizerBase.save_pretrained = full
+"""
 LOG = """
 import errno, os
 real, calls = os.write, [0]
@@ -63,6 +72,10 @@ FAULTS = {
         "run/rl/ckpt-v2: cannot write: No space left on device (ENOSPC)",
     ),
     "torch-erofs": (TORCH, "run/rl/ckpt-v2: cannot write: Read-only file system (EROFS)"),
+    "tokenizer-enospc": (
+        TOKENIZER,
+        "run/rl/ckpt-v2: cannot write: No space left on device (ENOSPC)",
+    ),
     "log-enospc": (
         LOG,
         "run/rl/trajectories.jsonl: cannot write: No space left on device (ENOSPC)",
@@ -82,6 +95,7 @@ def one_error_line(stderr: str) -> str:
     [
         "safetensors-enospc",
         pytest.param("torch-erofs", marks=pytest.mark.slow),
+        pytest.param("tokenizer-enospc", marks=pytest.mark.slow),
         pytest.param("log-enospc", marks=pytest.mark.slow),
         pytest.param("log-eacces", marks=pytest.mark.slow),
     ],
@@ -94,6 +108,8 @@ def test_a_failed_write_is_one_line_and_the_run_resumes(crash_base, tmp_path, fa
     assert one_error_line(p.stderr) == expected
     check_run(d / RUN, finished=False)
     assert not list((d / RUN / "rl").glob("ckpt-v2.tmp-*"))  # its space given back
+    if "ckpt-v2" in expected:  # nor an incomplete ckpt-v2/ (weights saved, optimizer not)
+        assert not (d / RUN / "rl" / "ckpt-v2").exists()
     finish(d)  # the disk is writable again
 
 

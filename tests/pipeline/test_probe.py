@@ -266,3 +266,26 @@ def test_run_refuses_a_task_file_that_overlaps_the_test_split(tmp_path, small_wo
         slices(train, test, cfg)
     f.write_text(json.dumps(rows[0]) + "\n")
     assert [t.question for t in slices(train, test, cfg)["probe"]] == [train[0].question]
+
+
+def test_a_torn_log_of_the_finished_probe_stage_is_redone_on_resume(tmp_path):
+    """Issue 38: a torn ``probe/trajectories.jsonl`` of a finished probe stage was never
+    reopened, so a task's group stayed short for the filter and the curriculum. The resume
+    says so in one line and redoes the stage, which reruns only the lost episode, with its
+    own seed: the same trajectories and K as before."""
+    from provrl.pipeline.run import _stage
+    from provrl.pipeline.rundir import ResumeWarning, RunDir
+
+    run = RunDir(tmp_path / "run")
+    out = run.root / "probe"
+    first = _stage(run, "probe", lambda: _probe(out))
+    log = out / "trajectories.jsonl"
+    before = {t.traj_id: t.reward for t in read_all(log)}
+    log.write_bytes(log.read_bytes()[:-40])  # the last record torn
+    with pytest.warns(ResumeWarning) as seen:
+        again = _stage(run, "probe", lambda: _probe(out))
+    lines = [str(w.message) for w in seen if w.category is ResumeWarning]
+    assert len(lines) == 1 and "trajectories.jsonl" in lines[0] and "redone" in lines[0]
+    assert {t.traj_id: t.reward for t in read_all(log)} == before
+    assert [r["K"] for r in again["records"]] == [r["K"] for r in first["records"]]
+    assert list(out.glob("trajectories.jsonl.torn-*"))  # nothing deleted

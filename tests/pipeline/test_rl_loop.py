@@ -126,3 +126,109 @@ def test_distinct_share_counts_identical_samples_of_a_group_once():
     # tokens are equal everywhere and do not count)
     groups = [G([1, 2], [1, 2], [1, 2], [1, 2]), G([1, 2], [2, 1], [1, 2], [1])]
     assert distinct_share(groups) == (1 + 3) / 8  # type: ignore[arg-type]
+
+
+def test_an_injected_nan_gradient_is_skipped_counted_and_never_saved_or_loaded(
+    tmp_path, small_world, monkeypatch
+):
+    """``PROVRL_FAULT=rl.nan_grad:2``: the second update is refused — its batch is not
+    trained, no checkpoint or hot-load of it — the next one is step 2, and its record
+    counts the skip."""
+    import json
+
+    from provrl import failpoints
+
+    failpoints.reset()
+    monkeypatch.setenv("PROVRL_FAULT", "rl.nan_grad:2")
+    loop = _loop(tmp_path, small_world, "sync")
+    with pytest.warns(UserWarning, match="rl step 2: update not finite"), loop:
+        loop.run_sync()
+    summary = loop.finish()
+    steps = read_steps(tmp_path)
+    assert [s["step"] for s in steps] == [1, 2] and summary["final_version"] == 2
+    assert [s["nonfinite_skipped"] for s in steps] == [0, 1] and summary["nonfinite_steps"] == 1
+    assert summary["engine"]["hotloads"] == 2  # versions 1 and 2 only
+    state = json.loads((tmp_path / "rl" / "ckpt-v2" / "state.json").read_text())
+    refused = set(state["nonfinite"])
+    assert refused and not refused & set(state["trained"]) and state["nonfinite_steps"] == 1
+
+
+def test_repeated_non_finite_updates_stop_the_run_with_one_line(tmp_path, small_world, monkeypatch):
+    from provrl import failpoints
+    from provrl.train.learner import NonFiniteError
+
+    failpoints.reset()
+    monkeypatch.setenv("PROVRL_FAULT", "rl.nan_grad:1+")  # every update
+    loop = _loop(tmp_path, small_world, "sync", "rl.nonfinite_limit=2")
+    with pytest.raises(NonFiniteError, match="rl step 1: 2 updates in a row were not finite") as e:
+        loop.run()
+    assert "\n" not in str(e.value)
+    assert not list((tmp_path / "rl").glob("ckpt-v*")) and read_steps(tmp_path) == []
+
+
+def _manifest(ckpt) -> dict:
+    import json
+
+    return json.loads((ckpt / "checksums.json").read_text())["files"]
+
+
+def test_a_damaged_newest_checkpoint_falls_back_and_redoes_the_lost_step_exactly(
+    tmp_path, small_world
+):
+    """Truncate a file of the newest checkpoint (40 bytes, as issue 38's run did): the resume
+    says so in one line, sets it aside, starts from the checkpoint before and redoes the
+    lost step with the batch it trained — the same weights, bit for bit. A truncated
+    ``steps.jsonl`` alone is written back from ``RUN/rl/steps.jsonl`` (same bytes)."""
+    import shutil
+
+    from provrl.pipeline.steplog import ResumeWarning
+
+    base = tmp_path / "base"
+    loop = _loop(base, small_world, "sync")
+    loop.run()
+    rl = base / "rl"
+    assert sorted(p.name for p in rl.glob("ckpt-v*")) == ["ckpt-v1", "ckpt-v2"]  # two kept
+    original = read_steps(base)
+    weights = _manifest(rl / "ckpt-v2")["model.safetensors"]
+    for name in ("model.safetensors", "optimizer.pt", "steps.jsonl"):
+        d = tmp_path / name
+        shutil.copytree(base, d)
+        f = d / "rl" / "ckpt-v2" / name
+        f.write_bytes(f.read_bytes()[:-40])
+        with pytest.warns(ResumeWarning) as seen:
+            again = _loop(d, small_world, "sync")
+        lines = [str(w.message) for w in seen if w.category is ResumeWarning]
+        assert len(lines) == 1 and name in lines[0], lines
+        summary = again.run()
+        steps = read_steps(d)
+        assert [s["step"] for s in steps] == [1, 2] and summary["final_version"] == 2
+        assert [s["trained"] for s in steps] == [s["trained"] for s in original]
+        assert _manifest(d / "rl" / "ckpt-v2")["model.safetensors"] == weights  # exact redo
+        damaged = list((d / "rl").glob("damaged-ckpt-v2-*"))
+        if name == "steps.jsonl":  # repaired from the other durable copy, no fallback
+            assert "written back" in lines[0] and not damaged
+        else:
+            assert "resuming from ckpt-v1" in lines[0]
+            assert "redone exactly" in lines[0] and len(damaged) == 1
+            assert steps[1]["loss"] == original[1]["loss"]
+
+
+def test_a_checkpoint_short_of_step_records_is_filled_from_the_run_copy_or_refused(tmp_path):
+    """No checksums (an older checkpoint): the checkpoint's ``steps.jsonl`` holds fewer
+    records than ``state.steps`` — filled from ``RUN/rl/steps.jsonl`` when it has them after
+    the same lines, else refused in one line; never settled by dropping a good line."""
+    from provrl.pipeline.steplog import ResumeWarning, StepLogError, restore_steps, step_line
+
+    rl, ckpt = tmp_path / "rl", tmp_path / "rl" / "ckpt-v2"
+    ckpt.mkdir(parents=True)
+    lines = [step_line({"step": s, "version": s, "trained": [f"t{s}"]}) for s in (1, 2)]
+    (rl / "steps.jsonl").write_bytes(b"".join(lines))
+    (ckpt / "steps.jsonl").write_bytes(lines[0])
+    with pytest.warns(ResumeWarning, match="1 step records for 2 steps"):
+        assert restore_steps(rl, ckpt, 2) == lines
+    assert (ckpt / "steps.jsonl").read_bytes() == (rl / "steps.jsonl").read_bytes() == b"".join(lines)  # fmt: skip
+    (ckpt / "steps.jsonl").write_bytes(lines[0])
+    (rl / "steps.jsonl").write_bytes(lines[0])  # no copy holds step 2
+    with pytest.raises(StepLogError, match="1 step records, but the checkpoint says 2") as e:
+        restore_steps(rl, ckpt, 2)
+    assert "\n" not in str(e.value) and (rl / "steps.jsonl").read_bytes() == lines[0]

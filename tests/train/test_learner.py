@@ -94,3 +94,65 @@ def test_the_trainer_actor_computes_the_in_process_update(tiny, batches, tmp_pat
     assert [r["rl/loss"] for r in rows] == [e.metrics["loss"] for e in expected]
     saved = load_model(str(tmp_path / "ckpt")).model.state_dict()
     assert same_weights(saved, expected[-1].weights) and (tmp_path / "ckpt" / OPTIMIZER_FILE).is_file()  # fmt: skip
+
+
+def test_a_nan_gradient_is_refused_and_leaves_the_learner_as_it_was(tiny, batches, monkeypatch):
+    """An injected NaN gradient (``PROVRL_FAULT=rl.nan_grad``): the step publishes nothing,
+    keeps the version, and the next step is exactly the step an untouched learner takes."""
+    from provrl import failpoints
+
+    clean = LocalLearner(own(tiny), CFG, version=0)
+    expected = clean.step(batches[0])
+
+    a = LocalLearner(own(tiny), CFG, version=0)
+    before = {k: v.clone() for k, v in a.lm.model.state_dict().items()}
+    failpoints.reset()
+    monkeypatch.setenv("PROVRL_FAULT", "rl.nan_grad:1")
+    refused = a.step(batches[0])
+    assert refused.skipped == "grad_norm is nan"
+    assert refused.weights is None and refused.version == a.version == 0
+    assert same_weights(a.lm.model.state_dict(), before)
+    again = a.step(batches[0])  # the fault fired once
+    assert again.skipped is None and again.version == 1
+    assert same_weights(again.weights, expected.weights)
+
+
+def test_a_refused_step_after_an_optimizer_step_rolls_back_to_the_saved_copy(
+    tiny, batches, tmp_path, monkeypatch
+):
+    """Two minibatches, the second's gradient NaN: the first optimizer step already moved
+    the weights, so the learner puts back the last saved weights and optimizer state."""
+    from provrl import failpoints
+
+    cfg = RLConfig(lr=1e-3, minibatches=2)
+    a = LocalLearner(own(tiny), cfg, version=0)
+    a.step(batches[0])
+    a.save(tmp_path / "ckpt", kind="rl", version=1)
+    saved = {k: v.clone() for k, v in a.lm.model.state_dict().items()}
+    expected = LocalLearner(load_model(str(tmp_path / "ckpt")), cfg, version=1, optimizer_state=tmp_path / "ckpt").step(batches[1])  # fmt: skip
+
+    failpoints.reset()
+    monkeypatch.setenv("PROVRL_FAULT", "rl.nan_grad:2")  # the second minibatch of the step
+    refused = a.step(batches[1])
+    assert refused.skipped is not None and refused.version == 1
+    assert same_weights(a.lm.model.state_dict(), saved)
+    again = a.step(batches[1])
+    assert again.version == 2 and same_weights(again.weights, expected.weights)
+
+
+def test_the_guard_counts_refused_steps_and_stops_after_the_limit():
+    import warnings
+
+    from provrl.train.learner import NonFiniteError, NonFiniteGuard, NonFiniteWarning, Update
+
+    guard = NonFiniteGuard(limit=2)
+    bad = Update(0, None, {}, skipped="grad_norm is nan")
+    with pytest.warns(NonFiniteWarning, match="rl step 1: update not finite"):
+        guard.skipped(bad, 1)
+    assert guard.since_last_step() == 1 and guard.since_last_step() == 0  # a step was taken
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", NonFiniteWarning)
+        guard.skipped(bad, 2)
+    with pytest.raises(NonFiniteError, match=r"rl step 2: 2 updates in a row were not finite") as e:
+        guard.skipped(bad, 2)
+    assert "\n" not in str(e.value) and guard.total == 3
