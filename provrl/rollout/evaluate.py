@@ -99,8 +99,10 @@ def summarize(tasks: Sequence[Task], trajs: Sequence[Trajectory], k: int) -> dic
 
     ids = [t.task_id for t in tasks]
     out = block(ids)
-    out["per_tier"] = {
-        str(tier): block([i for i in ids if tier_of[i] == tier]) for tier in (1, 2, 3, 4)
+    present = set(tier_of.values())
+    tiers = sorted(present | ({1, 2, 3, 4} if present & {1, 2, 3, 4} else set()))
+    out["per_tier"] = {  # the world's four tiers; a user's tasks are tier 0 (USER_TIER)
+        str(tier): block([i for i in ids if tier_of[i] == tier]) for tier in tiers
     }
     return out
 
@@ -113,7 +115,7 @@ def summarize_run(run_dir: str | os.PathLike[str]) -> dict[str, Any]:
     trajs = read_all(run / "trajectories.jsonl")
     ids = {t.task_id for t in trajs}
     if old.get("tasks_file"):
-        pool = read_task_file(old["tasks_file"], old["split"])
+        pool = read_task_file(old["tasks_file"], old.get("split") or "test")
     else:
         pool = load_split(old["world"], old["split"])
     tasks = [t for t in pool if t.task_id in ids]
@@ -235,7 +237,7 @@ def evaluate(
             "url": cfg.search.url if cfg.search.backend == "http" else None,
             "index": cfg.search.index or None,
         },
-        "split": ev.split,
+        "split": ev.split if tasks_file is None else None,  # a task file is no world split
         "tiers": list(ev.tiers),
         "n": len(tasks),
         "k": ev.k,
@@ -259,7 +261,7 @@ def evaluate(
             flat.update(
                 {f"tier{tier}/{k}": v for k, v in blk.items() if isinstance(v, int | float)}
             )
-        mw.log(0, flat, prefix=f"eval/{ev.split}")
+        mw.log(0, flat, prefix=f"eval/{ev.split if tasks_file is None else 'tasks'}")
     return summary
 
 

@@ -192,6 +192,8 @@ def test_cli_eval_own_tasks_against_a_search_r1_server(own, search_r1):
     assert summary["search"] == {"backend": "http-retrieve", "url": search_r1, "index": None}
     assert summary["world"] is None  # no world was built or read
     assert summary["tool_errors"] == 0 and summary["tool_error_rate"] == 0.0  # counted, none
+    assert summary["split"] is None and list(summary["per_tier"]) == ["0"]  # user tasks only
+    assert summary["per_tier"]["0"]["tasks"] == 3
     assert summary["plot"] == str(tmp / "ev" / "eval.png")
     assert (tmp / "ev" / "eval.png").stat().st_size > 5000
     from provrl.trajlog import read_all
