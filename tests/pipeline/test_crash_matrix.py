@@ -59,7 +59,8 @@ def test_kill_at_every_window_then_finish_each(crash_base, tmp_path):
     d = copy_of(crash_base, tmp_path / "chain")
     rl = d / RUN / "rl"
     seen, forks = [], {}
-    with ThreadPoolExecutor(max_workers=1) as pool:
+    pool = ThreadPoolExecutor(max_workers=1)
+    try:
         for window in WINDOWS:
             killed(d, f"{window}:1")
             seen.append(check_run(d / RUN, finished=False)["n"])
@@ -74,6 +75,8 @@ def test_kill_at_every_window_then_finish_each(crash_base, tmp_path):
         assert out["steps"] == list(range(1, STEPS + 1))
         for window, done in forks.items():
             assert done.result()["steps"] == list(range(1, STEPS + 1)), window
+    finally:  # a failure stops here: the forks not yet started are not run
+        pool.shutdown(wait=True, cancel_futures=True)
 
 
 @pytest.mark.slow
