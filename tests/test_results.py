@@ -5,12 +5,15 @@ the command that measured it), and no measured figure goes unlinked
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 
 import pytest
 
 from provrl.bench.results import (
     RECORD_MARK,
+    _record_sections,
+    bad_record_marks,
     check_figure_links,
     check_record,
     matches,
@@ -35,12 +38,39 @@ def test_every_quoted_figure_is_its_results_files_value(doc):
     assert check_figure_links(doc, doc.read_text(), ROOT) == []
 
 
-@pytest.mark.parametrize("doc", [d for d in DOCS if d.name not in GENERATED], ids=lambda p: p.name)
+CHECKED = [d for d in DOCS if d.name not in GENERATED]
+
+
+@pytest.mark.parametrize("doc", CHECKED, ids=lambda p: p.name)
 def test_no_measured_figure_is_unlinked(doc):
-    """In measured-results sections (and all of README) a decimal, or a number with a unit,
-    is a link to its results file — or its section says it is a record (RECORD_MARK)."""
+    """In every section a number with a unit — and in measured-results sections (all of
+    README) a decimal too — is a link to its results file, or its section says it is a
+    record (RECORD_MARK) with its date and reason."""
     found = unlinked_figures(doc, doc.read_text(), whole=doc.name == "README.md")
-    assert found == [], "\n".join(found[:20])
+    assert found == [], "\n".join(found[:40])
+
+
+@pytest.mark.parametrize("doc", CHECKED, ids=lambda p: p.name)
+def test_every_record_mark_says_when_and_why(doc):
+    assert bad_record_marks(doc, doc.read_text()) == []
+
+
+@pytest.mark.parametrize("doc", CHECKED, ids=lambda p: p.name)
+def test_a_planted_figure_is_found_in_every_section(doc):
+    """An unlinked figure planted under each heading of each page is reported at its line,
+    unless the section is marked as a record: the check reads every section."""
+    lines = doc.read_text().splitlines()
+    marked = _record_sections("\n".join(lines))
+    in_code, headings = False, []
+    for i, line in enumerate(lines, 1):
+        in_code ^= line.lstrip().startswith("```")
+        if not in_code and re.match(r"#+\s", line) and i not in marked:
+            headings.append(i)
+    assert headings
+    for h in headings:
+        planted = [*lines[:h], "", "A step took 12.5 s here.", *lines[h:]]
+        found = unlinked_figures(doc, "\n".join(planted), whole=doc.name == "README.md")
+        assert f"{doc}:{h + 2}: 12.5 s" in found, (doc.name, lines[h - 1])
 
 
 # ----------------------------------------------------------------------------- the checker
@@ -101,19 +131,30 @@ Throughput 512 tok/s, ratio 1.19×, accuracy [0.812](results/r.json#a), 64 tasks
 
 ### Old runs
 
-{RECORD_MARK.capitalize()}: they ran before results/.
+{RECORD_MARK.capitalize()}: they ran on 2026-11-30, before results/ existed.
 It took 37 min and reached 0.91.
 
 ## Next
 
-Back to 2.5 s outside.
+Back to 2.5 s outside, a `timeout 30 s` setting, a target of ≤ 25 s, and 0.5 plain.
 """
 
 
 def test_unlinked_figures_are_the_measured_numbers_no_link_backs():
     found = unlinked_figures(Path("p.md"), DOC)
-    assert found == ["p.md:7: 512 tok/s", "p.md:7: 1.19×"]
+    assert found == ["p.md:7: 512 tok/s", "p.md:7: 1.19×", "p.md:21: 2.5 s"]
     assert "p.md:3: 0.001" in unlinked_figures(Path("p.md"), DOC, whole=True)
+    assert bad_record_marks(Path("p.md"), DOC) == []
+
+
+def test_a_record_mark_needs_its_date_and_reason():
+    bare = f"## Old\n\n{RECORD_MARK}.\n\nIt took 37 min.\n"
+    assert bad_record_marks(Path("p.md"), bare) == [
+        "p.md:3: record mark without the measurement's date (YYYY-MM-DD)",
+        "p.md:3: record mark without a reason",
+    ]
+    dated = f"## Old\n\nMeasured on 2026-11-30 before results/ existed, on code since changed,\nso {RECORD_MARK}.\n"
+    assert bad_record_marks(Path("p.md"), dated) == []
 
 
 def test_bench_log_out_writes_a_complete_record(tmp_path):

@@ -18,12 +18,19 @@ benchmark's own (``*_all``, ``runs``, ``raw``, per-seed lists): summaries alone 
 The anchor is a path of keys (list indices as numbers) separated by dots; ``*k`` scales the
 value. The link's text is the figure: its first number must equal the value, scaled, to
 the number of decimals shown (``0.812`` matches 0.8117; ``1,234`` and ``−0.5`` parse).
-:func:`check_figure_links` checks every link; :func:`unlinked_figures` lists the numbers in
-measured-results sections (headings naming a measurement, a benchmark, a result or
-performance; and all of README) that are not inside such a link — integers without a unit
-(counts, settings) are not figures. A section that keeps an earlier measurement for the
-record says so in one line containing :data:`RECORD_MARK`; its figures are not claims and
-are not checked.
+:func:`check_figure_links` checks every link; :func:`unlinked_figures` lists the numbers
+not inside such a link: in **every** section, a number with a unit (``25 s``, ``1.8×``,
+``512 tok/s``, ``3 %``, ``96 MiB`` …); in measured-results sections (headings naming a
+measurement, a benchmark, a result or performance) and all of README, every decimal too.
+Integers without a unit (counts, settings) are not figures; nor is what inline code holds
+(a setting or a limit is written as code: ```timeout 30 s```), a bound after ≤ ≥ < > (a
+target, a threshold), a confidence level, a version number or a link target.
+
+A section that keeps an earlier measurement for the record says so in one paragraph
+containing :data:`RECORD_MARK`, with the date of the measurement (``YYYY-MM-DD``, or the
+date it predates) and the reason no results file backs it (:func:`bad_record_marks` checks
+both); its figures are not claims and are not checked. The mark covers its section and the
+subsections below it.
 """
 
 from __future__ import annotations
@@ -52,11 +59,17 @@ NUMBER = re.compile(r"[+−\-]?\d[\d,]*(?:\.\d+)?(?:[eE][+−\-]?\d+)?")
 FIGURE = re.compile(
     r"(?<![\w.\-/])[+−\-]?\d[\d,]*(?:\.\d+)?(?:[eE][+−\-]?\d+)?"
     r"(?:(?:\.\d+)+(?![\w]))?"  # a version number (2.13.0) is skipped below
-    r"(?:\s?(?:%|×|x\b|s\b|ms\b|min\b|h\b|µs|tok/s|tokens/s|MB\b|MiB|GB\b|GiB|GFLOP/s|"
+    r"(?:\s?(?:%|×(?!\d)|x\b|s\b|ms\b|min\b|h\b|µs|tok/s|tokens/s|MB\b|MiB|GB\b|GiB|GFLOP/s|"
     r"points?\b|req/s|QPS|nats\b|minutes?\b|hours?\b|seconds?\b))?"
 )
 LEVEL = re.compile(r"\d+ ?% (?=BCa|CI\b|confidence|bootstrap|interval)")
 """A confidence level (95 % BCa, 90 % CI) is a setting, not a figure."""
+BOUND = re.compile(r"[≤≥<>]\s?[+−\-]?\d[\d,]*(?:\.\d+)?")
+"""A number after a comparison (≤ 25 s, ≥ 1.5×) is a bound — a target or a threshold."""
+DATE = re.compile(r"\b\d{4}-\d{2}-\d{2}\b")
+"""The date a record mark carries."""
+REASON_WORDS = 6
+"""Words a record paragraph holds besides the mark and its date (its reason), at least."""
 UNIT = re.compile(r"(?:%|×|x|s|ms|min|h|µs|tok/s|tokens/s|MB|MiB|GB|GiB|GFLOP/s|points?|req/s|QPS|nats|minutes?|hours?|seconds?)$")  # fmt: skip
 
 
@@ -253,18 +266,21 @@ def _sections(text: str, whole: bool) -> Iterator[tuple[int, str]]:
 
 
 def unlinked_figures(doc: Path, text: str, *, whole: bool = False) -> list[str]:
-    """Numbers in measured-results sections (module docstring) that are not the text of a
-    figure link: decimals, and numbers with a unit (%, ×, s, ms, tok/s, MiB, points …).
-    Inline code, link targets and version numbers are not figures. ``doc:line: figure``."""
+    """The figures of ``doc`` that are not the text of a figure link (module docstring):
+    numbers with a unit (%, ×, s, ms, tok/s, MiB, points …) in every section, and decimals
+    in measured-results sections (``whole``: in every section). Sections marked as a record
+    are skipped. ``doc:line: figure``."""
     marked = _record_sections(text)
+    measured = {i for i, _ in _sections(text, whole)}
     out = []
-    for i, line in _sections(text, whole):
+    for i, line in _sections(text, True):
         if i in marked:
             continue
         plain = re.sub(r"`[^`]*`", " ", line)
         plain = LINK.sub(" ", plain)
         plain = re.sub(r"\]\([^)]*\)", "]", plain)  # other links: their text stays
         plain = LEVEL.sub(" ", plain)
+        plain = BOUND.sub(" ", plain)
         for m in FIGURE.finditer(plain):
             fig = m.group().strip()
             if not fig or fig.count(".") > 1:
@@ -272,8 +288,33 @@ def unlinked_figures(doc: Path, text: str, *, whole: bool = False) -> list[str]:
             number = NUMBER.match(fig)
             assert number is not None
             rest = fig[number.end() :].strip()
-            if "." in number.group() or "e" in number.group().lower() or UNIT.match(rest):
+            decimal = "." in number.group() or "e" in number.group().lower()
+            if UNIT.match(rest) or (decimal and i in measured):
                 out.append(f"{doc}:{i}: {fig}")
+    return out
+
+
+def bad_record_marks(doc: Path, text: str) -> list[str]:
+    """Record marks (:data:`RECORD_MARK`) whose paragraph lacks the measurement's date
+    (``YYYY-MM-DD``) or a reason (:data:`REASON_WORDS` words besides the mark and date).
+    ``doc:line: …``."""
+    lines = text.splitlines()
+    out = []
+    for n, line in enumerate(lines, 1):
+        if RECORD_MARK not in line.lower():
+            continue
+        start = n
+        while start > 1 and lines[start - 2].strip():
+            start -= 1
+        end = n
+        while end < len(lines) and lines[end].strip():
+            end += 1
+        para = " ".join(lines[start - 1 : end])
+        if not DATE.search(para):
+            out.append(f"{doc}:{n}: record mark without the measurement's date (YYYY-MM-DD)")
+        words = DATE.sub(" ", para.lower().replace(RECORD_MARK, " ")).split()
+        if len(words) < REASON_WORDS:
+            out.append(f"{doc}:{n}: record mark without a reason")
     return out
 
 

@@ -10,9 +10,23 @@ peak resident memory is its own, interleaved over ``repeats``:
 * ``provrl`` — :class:`provrl.train.rl.RLTrainer` ``.step`` with the default preset's
   ``rl`` section (or ``rl_overrides``);
 * ``reference`` — the step the way TRL's ``GRPOTrainer`` computes it: a transformers forward
-  on padded micro-batches (prompts left-padded, completions right-padded), logits only for
-  the completion positions (``logits_to_keep``), bf16 autocast, the clipped GRPO token loss
-  against the detached log-probabilities (one iteration), gradient clipping, torch AdamW.
+  on padded micro-batches (prompts left-padded, completions right-padded), logits for every
+  completion position (``logits_to_keep``, tool results included) and a full log-softmax,
+  bf16 autocast, the clipped GRPO token loss against the detached log-probabilities (one
+  iteration), gradient clipping, torch AdamW;
+* ``reference_plain`` — the plainest fast TRL-style step: the same padded micro-batches and
+  loss, the LM head only at the positions that predict an action, log π = z_a − logsumexp z,
+  fused AdamW (:class:`ReferenceStep`; ``tests/bench/test_trainer_bench.py`` checks that both
+  arms compute provrl's loss and gradients on the same batch).
+
+``speedup_vs_reference`` is provrl against the faster reference arm (``reference_arm``);
+``speedup_without_sharing`` is ``provrl_rows`` (packed, no prefix shared — what a batch
+without shared prefixes gets) against it. ``prefix_sharing_factor`` says how much of the
+speed-up is work not done: ``fixture`` — the tokens teacher-forcing needs over those of one
+prefix trie of the whole batch (:func:`prefix_sharing_factor`); ``fixture_step`` — the
+batch's tokens over the forward tokens provrl's step computed (its micro-batches split the
+trie); ``real_run`` — the median over the RL steps of a run given as ``sharing_run``
+(:func:`run_sharing_factors`).
 
 Each child loads the model, runs one warm-up step under :class:`torch.utils.flop_counter.
 FlopCounterMode` (the matmul FLOPs of exactly that work; CPU attention kernels are not
@@ -56,7 +70,10 @@ VARIANTS: dict[str, dict[str, Any]] = {
 """provrl sides: the default preset's ``rl`` section with these overrides — as configured;
 packed without sharing prefixes (what the trie adds); one optimizer step per batch (no
 proximal pass at all)."""
-SIDES = (*VARIANTS, "reference")
+REFERENCES = {"reference": False, "reference_plain": True}
+"""Reference arms → ``ReferenceStep(plain=…)``: TRL-style with logits at every completion
+position and a full log-softmax; the plainest fast TRL-style step."""
+SIDES = (*VARIANTS, *REFERENCES)
 
 MATMUL_SHAPES = ((4096, 576, 1536), (4096, 1536, 576), (4096, 576, 49152))
 """(M, K, N) of SmolLM2-135M's MLP up / down projections and LM head at 4,096 tokens."""
@@ -122,6 +139,51 @@ def batch_shape(trajs: Sequence[Any]) -> dict[str, Any]:
         "length_median": float(np.median(lengths)),
         "length_max": int(max(lengths)),
         "actions_median": float(np.median(actions)),
+    }
+
+
+def prefix_sharing_factor(trajs: Sequence[Any]) -> dict[str, Any]:
+    """How much of a batch the prefix trie computes once: the tokens a forward needs (each
+    trajectory up to its last action — what teacher-forcing reads) over the tokens of one
+    trie over the whole batch (``train.packing.build_trie``, spans of at least
+    ``MIN_SHARED`` tokens shared). 1.0: nothing shared."""
+    from provrl.train.packing import MIN_SHARED, build_trie
+
+    rows = []
+    for t in trajs:
+        acts = np.flatnonzero(t.is_action)
+        if len(acts):
+            rows.append(np.asarray(t.token_id[: int(acts[-1])]))
+    needed = sum(len(r) for r in rows)
+    trie = sum(length for _, _, length, _ in build_trie(rows, MIN_SHARED))
+    return {"tokens": needed, "trie_tokens": trie, "factor": needed / max(trie, 1)}
+
+
+def run_sharing_factors(run_dir: str | os.PathLike[str]) -> dict[str, Any]:
+    """:func:`prefix_sharing_factor` of each RL step's batch of a run (``RUN/rl/steps.jsonl``
+    names the trajectories each step trained; ``RUN/rl/trajectories.jsonl`` holds them):
+    the per-step factors and their median — what real batches share, beside the fixture."""
+    from provrl.trajlog import read_all
+
+    rl = Path(run_dir) / "rl"
+    if not (rl / "steps.jsonl").is_file():
+        raise FileNotFoundError(f"{rl / 'steps.jsonl'}: no RL step records (a provrl run dir?)")
+    by_id = {t.traj_id: t for t in read_all(rl / "trajectories.jsonl")}
+    steps = []
+    for line in (rl / "steps.jsonl").read_text().splitlines():
+        rec = json.loads(line)
+        batch = [by_id[i] for i in rec.get("trained", []) if i in by_id]
+        if batch:
+            steps.append({"step": int(rec["step"]), "trajectories": len(batch),
+                          **prefix_sharing_factor(batch)})  # fmt: skip
+    if not steps:
+        raise ValueError(f"{rl}: no step's trajectories found in its log")
+    return {
+        "run": str(run_dir),
+        "steps": steps,
+        "factor_median": float(statistics.median(x["factor"] for x in steps)),
+        "factor_min": min(x["factor"] for x in steps),
+        "factor_max": max(x["factor"] for x in steps),
     }
 
 
@@ -197,47 +259,105 @@ class ReferenceStep:
 
     Per micro-batch of ``micro`` trajectories (in batch order): prompt = the tokens before the
     first action, completion = the rest (tool results inside it are masked out of the loss,
-    as TRL's multi-turn tool masks do); prompts are left-padded and completions right-padded,
-    the model returns logits for the last ``C + 1`` positions only (``logits_to_keep``),
-    log-probabilities are the selected log-softmax at temperature τ, and the loss is
-    −min(r A, clip(r, 1 ± 0.2) A) token-averaged over the batch with r = exp(log π −
-    log π.detach()) (``num_iterations = 1``). Then ``clip_grad_norm_(1.0)`` and one AdamW
-    step (torch's default implementation)."""
+    as TRL's multi-turn tool masks do); prompts are left-padded and completions right-padded.
+    The loss is −min(r A, clip(r, 1 ± 0.2) A) token-averaged over the batch with r = exp(log π
+    − log π.detach()) (``num_iterations = 1``), A the group-normalised advantage (TRL's ε =
+    ``adv_eps``). Then ``clip_grad_norm_(1.0)`` and one AdamW step. Two arms:
 
-    def __init__(self, model: Any, pad_token_id: int, micro: int = 4, lr: float = 1e-5) -> None:
+    * ``plain=False`` (``reference``): the model returns logits for the last ``C + 1``
+      positions (``logits_to_keep``: every completion position, tool results included) and
+      log-probabilities are the selected full log-softmax at temperature τ; torch's default
+      AdamW;
+    * ``plain=True`` (``reference_plain``): the plainest fast TRL-style step — the LM head only
+      at the positions that predict an action, log π = z_a − logsumexp(z) (no [·, V]
+      log-softmax kept), fused AdamW.
+
+    Both run under ``autocast`` (bf16 as TRL on CPU; float32 to compare gradients exactly)."""
+
+    def __init__(
+        self,
+        model: Any,
+        pad_token_id: int,
+        micro: int = 4,
+        lr: float = 1e-5,
+        *,
+        plain: bool = False,
+        autocast: str = "bfloat16",
+        adv_eps: float = 1e-4,
+    ) -> None:
         import torch
 
-        self.model, self.pad, self.micro = model, pad_token_id, micro
+        self.model, self.pad, self.micro, self.plain = model, pad_token_id, micro, plain
+        self.dtype = {"bfloat16": torch.bfloat16, "float32": torch.float32}[autocast]
+        self.adv_eps = adv_eps
         self.params = [p for p in model.parameters() if p.requires_grad]
-        self.optimizer = torch.optim.AdamW(self.params, lr=lr)
+        self.optimizer = torch.optim.AdamW(self.params, lr=lr, fused=plain or None)
 
     def step(self, trajs: Sequence[Any]) -> dict[str, float]:
         import torch
 
+        t0 = time.perf_counter()
+        self.optimizer.zero_grad(set_to_none=True)
+        loss = self.loss_and_grad(trajs)
+        torch.nn.utils.clip_grad_norm_(self.params, 1.0)
+        self.optimizer.step()
+        return {"step_s": time.perf_counter() - t0, "loss": loss}
+
+    def loss_and_grad(self, trajs: Sequence[Any]) -> float:
+        """The batch's loss; its gradient accumulated into the parameters' ``.grad``."""
+        import torch
+
         from provrl.objectives import advantages as adv_fns
 
-        t0 = time.perf_counter()
         groups: dict[str, int] = {}
         gid = torch.tensor([groups.setdefault(str(t.meta.get("group", t.task_id)), len(groups)) for t in trajs])  # fmt: skip
         rewards = torch.tensor([float(t.reward) for t in trajs], dtype=torch.float64)
-        adv = adv_fns.group_advantages(rewards, gid, std_normalise=True, eps=1e-4).float()
+        adv = adv_fns.group_advantages(rewards, gid, std_normalise=True, eps=self.adv_eps).float()
         n_tokens = sum(int(t.is_action.sum()) for t in trajs)
-        self.optimizer.zero_grad(set_to_none=True)
+        total = 0.0
         for s in range(0, len(trajs), self.micro):
             rows = list(range(s, min(s + self.micro, len(trajs))))
             ids, attn, comp, cmask, C = self._pad([trajs[i] for i in rows])
-            with torch.autocast("cpu", torch.bfloat16):
-                logits = self.model(input_ids=ids, attention_mask=attn, logits_to_keep=C + 1).logits
-            logits = logits[:, :-1].float() / float(trajs[rows[0]].sampling.temperature or 1.0)
-            logp = torch.gather(logits.log_softmax(-1), -1, comp[..., None]).squeeze(-1)
+            tau = float(trajs[rows[0]].sampling.temperature or 1.0)
+            logp = (self._plain_logp if self.plain else self._logp)(ids, attn, comp, cmask, C, tau)
             ratio = torch.exp(logp - logp.detach())
-            a = adv[rows][:, None]
+            a = adv[rows][:, None].expand_as(cmask)[cmask > 0] if self.plain else adv[rows][:, None]
             per_token = -torch.min(ratio * a, torch.clamp(ratio, 0.8, 1.2) * a)
-            loss = (per_token * cmask).sum() / n_tokens
+            loss = (per_token if self.plain else per_token * cmask).sum() / n_tokens
             loss.backward()
-        torch.nn.utils.clip_grad_norm_(self.params, 1.0)
-        self.optimizer.step()
-        return {"step_s": time.perf_counter() - t0}
+            total += float(loss.detach())
+        return total
+
+    def _logp(self, ids: Any, attn: Any, comp: Any, cmask: Any, C: int, tau: float) -> Any:
+        """[b, C] log π of every completion token: logits at the last C + 1 positions, full
+        log-softmax."""
+        import torch
+
+        with self._autocast():
+            logits = self.model(input_ids=ids, attention_mask=attn, logits_to_keep=C + 1).logits
+        logits = logits[:, :-1].float() / tau
+        return torch.gather(logits.log_softmax(-1), -1, comp[..., None]).squeeze(-1)
+
+    def _plain_logp(self, ids: Any, attn: Any, comp: Any, cmask: Any, C: int, tau: float) -> Any:
+        """[n] log π of the action tokens only (row-major): the LM head at the positions that
+        predict them, log π = z_a − logsumexp(z)."""
+
+        P = ids.shape[1] - C
+        body = self.model.get_decoder()
+        with self._autocast():
+            hidden = body(input_ids=ids, attention_mask=attn).last_hidden_state
+            at = cmask > 0  # [b, C]: completion position j is predicted by position P + j − 1
+            h = hidden[:, P - 1 : P - 1 + C][at]
+            z = self.model.get_output_embeddings()(h)
+        z = z.float() / tau
+        return z.gather(-1, comp[at][:, None]).squeeze(-1) - z.logsumexp(-1)
+
+    def _autocast(self) -> Any:
+        import torch
+
+        if self.dtype == torch.float32:
+            return contextlib.nullcontext()
+        return torch.autocast("cpu", self.dtype)
 
     def _pad(self, trajs: Sequence[Any]) -> tuple[Any, Any, Any, Any, int]:
         """Left-padded prompts + right-padded completions; completion ids and loss mask."""
@@ -261,8 +381,8 @@ class ReferenceStep:
 def _build(spec: SideSpec, lm: Any) -> tuple[Callable[[Sequence[Any]], Any], Any, Any]:
     """(step function, optimizer, trainer-or-None) of ``spec.side`` over ``lm``."""
     pad = lm.tokenizer.pad_token_id if lm.tokenizer.pad_token_id is not None else 0
-    if spec.side == "reference":
-        ref = ReferenceStep(lm.model, pad, spec.reference_micro_batch)
+    if spec.side in REFERENCES:
+        ref = ReferenceStep(lm.model, pad, spec.reference_micro_batch, plain=REFERENCES[spec.side])
         return ref.step, ref.optimizer, None
     if spec.side in VARIANTS:
         from provrl.train.rl import RLTrainer
@@ -319,10 +439,15 @@ def run_side(spec: SideSpec) -> dict[str, Any]:
     published = getattr(result, "state_dict", None)
     chunk = getattr(getattr(trainer, "cfg", None), "logprob_chunk_tokens", 0)
     if trainer is None:  # reference: [micro, C, V] logits as bf16, their float32 copy and
-        # its /τ (2 + 4 + 4 bytes); the log-softmax autograd keeps is an activation (metered)
+        # its /τ (2 + 4 + 4 bytes); the log-softmax autograd keeps is an activation (metered).
+        # reference_plain: the same three copies at the micro-batch's action positions only
         m = spec.reference_micro_batch
-        comp = [len(t) - int(np.flatnonzero(t.is_action)[0]) for t in trajs]
-        logits = max(len(comp[i : i + m]) * (max(comp[i : i + m]) + 1) for i in range(0, len(comp), m)) * V * 10  # fmt: skip
+        if REFERENCES[spec.side]:
+            per = [int(t.is_action.sum()) for t in trajs]
+            logits = max(sum(per[i : i + m]) for i in range(0, len(per), m)) * V * 10
+        else:
+            comp = [len(t) - int(np.flatnonzero(t.is_action)[0]) for t in trajs]
+            logits = max(len(comp[i : i + m]) * (max(comp[i : i + m]) + 1) for i in range(0, len(comp), m)) * V * 10  # fmt: skip
     else:  # one checkpointed chunk at its peak in backward (train.memory.LM_HEAD_BYTES)
         logits = min(chunk, shape["action_tokens"]) * V * LM_HEAD_BYTES
     state = {
@@ -492,10 +617,12 @@ def run_trainer_benchmark(
     reference_micro_batch: int = 4,
     lag0: bool = True,
     baseline: str = "",
+    sharing_run: str = "",
     progress: Callable[[str], None] | None = None,
 ) -> dict[str, Any]:
     """The whole benchmark (module docstring); ``baseline``: a results JSON of an earlier run
-    of this benchmark whose ``provrl`` tokens/s the new one is compared with."""
+    of this benchmark whose ``provrl`` tokens/s the new one is compared with; ``sharing_run``:
+    a run directory whose RL steps' batches give the prefix-sharing factor of real batches."""
     say = progress or (lambda _msg: None)
     trajs = load_batch(fixture or None)
     shape = batch_shape(trajs)
@@ -542,6 +669,20 @@ def run_trainer_benchmark(
         "matmul": rate,
         "sides": per_side,
     }
+    out["prefix_sharing_factor"] = {"fixture": prefix_sharing_factor(trajs)["factor"]}
+    if "provrl" in per_side and per_side["provrl"]["trainer_metrics"].get("num_forward_tokens"):
+        forward = per_side["provrl"]["trainer_metrics"]["num_forward_tokens"]
+        out["prefix_sharing_factor"]["fixture_step"] = shape["tokens"] / forward
+    if sharing_run:
+        real = run_sharing_factors(sharing_run)
+        out["prefix_sharing_factor"]["real_run"] = real["factor_median"]
+        out["sharing_run"] = real
+    refs = [r for r in REFERENCES if r in per_side]
+    fastest = min(refs, key=lambda r: per_side[r]["step_s"]) if refs else None
+    if "provrl_rows" in per_side and fastest:
+        out["speedup_without_sharing"] = (
+            per_side[fastest]["step_s"] / per_side["provrl_rows"]["step_s"]
+        )
     if "provrl" in per_side:
         p = per_side["provrl"]
         out |= {
@@ -550,14 +691,19 @@ def run_trainer_benchmark(
             "peak_rss_mib": p["peak_rss_mib"],
             "roofline_fraction": p["roofline_fraction"],
         }
-        if "reference" in per_side:
-            # ratio of medians of the interleaved repeats, and the median of per-repeat ratios
-            ref = per_side["reference"]
+        if fastest:
+            # against the faster reference arm: ratio of medians of the interleaved repeats,
+            # and the median of per-repeat ratios
+            ref = per_side[fastest]
+            out["reference_arm"] = fastest
             out["speedup_vs_reference"] = ref["step_s"] / p["step_s"]
             out["speedup_vs_reference_per_repeat"] = statistics.median(
                 a["step_s"] / b["step_s"]
-                for a, b in zip(runs["reference"], runs["provrl"], strict=True)
+                for a, b in zip(runs[fastest], runs["provrl"], strict=True)
             )
+            out["speedup_vs_each_reference"] = {
+                r: per_side[r]["step_s"] / p["step_s"] for r in refs
+            }
             out["memory_ratio_vs_reference"] = p["peak_rss_mib"] / ref["peak_rss_mib"]
         if baseline:
             base = json.loads(Path(baseline).read_text())

@@ -183,8 +183,9 @@ def bench_trainer(
     out: OutOpt = None,
     as_json: JsonOpt = False,
 ) -> None:
-    """One RL step standalone vs a TRL-style step: tokens/s, peak RSS and its breakdown,
-    FLOP/s against the bf16 matmul rate, lag-0 trainer-engine mismatch."""
+    """One RL step standalone vs two TRL-style steps: tokens/s with and without prefix
+    sharing, the sharing factor, peak RSS and its breakdown, FLOP/s against the bf16 matmul
+    rate, lag-0 trainer-engine mismatch."""
     from provrl.bench.trainer import run_trainer_benchmark
 
     c = cfg.bench.trainer
@@ -197,6 +198,7 @@ def bench_trainer(
         reference_micro_batch=c.reference_micro_batch,
         lag0=c.lag0,
         baseline=c.baseline,
+        sharing_run=c.sharing_run,
         progress=_progress("trainer", as_json),
     )
     seed = int(result.get("rl_config", {}).get("seed", 0))

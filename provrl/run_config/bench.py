@@ -170,6 +170,11 @@ class TrainerBenchConfig(Section):
         description="A results JSON of an earlier run of this benchmark to compare tokens/s "
         "and peak RSS with ('' = none).",
     )
+    sharing_run: str = Field(
+        "",
+        description="A run directory whose RL steps' batches give the prefix-sharing factor "
+        "of real batches (prefix_sharing_factor.real_run; '' = the fixture's only).",
+    )
 
 
 class LearningBenchConfig(Section):

@@ -6,14 +6,22 @@ them) and of the collector. Nothing here depends on timing: every kill is a fail
 (``PROVRL_FAILPOINT``, SIGKILL at an exact place) and every wait is for a process to exit,
 so the matrix passes on a loaded machine.
 
-* ``test_kill_at_every_window_in_one_chain`` (CI): one run, killed at each window in turn —
-  every resume is the next window's run — with a torn tail cut into each log on the way,
-  checked after every kill and at the end;
-* ``test_kill_at_one_window_then_resume`` (slow): each window on its own, from a fresh copy
-  of the same base run.
+* ``test_kill_at_every_window_then_finish_each`` (``ci``, in ``make test``): one run,
+  killed at each window in turn — every resume is the next window's run — with a torn tail
+  cut into each log on the way, checked after every kill and at the end. At each window the
+  killed run is also **forked** (copied) and the fork resumed to the end with no further
+  kill: each window's recovery — and each torn log's — runs to a finished run on its own.
+  The forks resume in a second process beside the chain (every process pays the same
+  start-up, so sharing the chain's kills is what keeps this in ``make test``'s budget).
+* ``test_kill_at_one_window_then_resume`` and ``test_torn_tail_of_each_log_then_resume``
+  (slow, ``make test-all``): each window and each torn log from a fresh copy of the base
+  run, killed in the second step — the same recoveries without the chain's history before
+  them, at twice the processes.
 """
 
 from __future__ import annotations
+
+from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 from crashrun import RUN, STEPS, copy_of, finish, killed, tear
@@ -31,27 +39,44 @@ WINDOWS = [
     "rl.hotloaded",  # hot-loaded
     "collector.written",  # a trajectory appended mid-rollout
 ]
+TEARS = {
+    "rl.ckpt.complete": "trajectories.jsonl",  # torn before the next resume
+    "rl.recorded": "metrics.jsonl",
+    "rl.saved": "steps.jsonl",  # issue 28's case: a torn step record
+}
 
 
-def test_kill_at_every_window_in_one_chain(crash_base, tmp_path):
-    d = copy_of(crash_base, tmp_path)
+def finished_fork(fork, log: str | None) -> dict:
+    """Resume a fork to the end; a torn ``log`` has been set aside (``LOG.torn-*``)."""
+    out = finish(fork)
+    if log is not None:
+        assert list((fork / RUN / "rl").glob(f"{log}.torn-*")), f"{log}: torn tail kept"
+    return out
+
+
+@pytest.mark.ci
+def test_kill_at_every_window_then_finish_each(crash_base, tmp_path):
+    d = copy_of(crash_base, tmp_path / "chain")
     rl = d / RUN / "rl"
-    tears = {
-        "rl.ckpt.complete": rl / "trajectories.jsonl",  # torn before the next resume
-        "rl.recorded": rl / "metrics.jsonl",
-        "rl.saved": rl / "steps.jsonl",  # issue 28's case: a torn step record
-    }
-    seen = []
-    for window in WINDOWS:
-        killed(d, f"{window}:1")
-        seen.append(check_run(d / RUN, finished=False)["n"])
-        if window in tears:
-            tear(tears[window])
-            check_run(d / RUN, finished=False)
-    assert seen[-1] >= 5, f"the chain committed too few steps: {seen}"
-    assert list(rl.glob("trajectories.jsonl.torn-*")) and list(rl.glob("steps.jsonl.torn-*"))
-    out = finish(d)
-    assert out["steps"] == list(range(1, STEPS + 1))
+    seen, forks = [], {}
+    pool = ThreadPoolExecutor(max_workers=1)
+    try:
+        for window in WINDOWS:
+            killed(d, f"{window}:1")
+            seen.append(check_run(d / RUN, finished=False)["n"])
+            if window in TEARS:
+                tear(rl / TEARS[window])
+                check_run(d / RUN, finished=False)
+            fork = copy_of(d, tmp_path / f"fork-{window}")
+            forks[window] = pool.submit(finished_fork, fork, TEARS.get(window))
+        assert seen[-1] >= 5, f"the chain committed too few steps: {seen}"
+        assert list(rl.glob("trajectories.jsonl.torn-*")) and list(rl.glob("steps.jsonl.torn-*"))
+        out = finish(d)
+        assert out["steps"] == list(range(1, STEPS + 1))
+        for window, done in forks.items():
+            assert done.result()["steps"] == list(range(1, STEPS + 1)), window
+    finally:  # a failure stops here: the forks not yet started are not run
+        pool.shutdown(wait=True, cancel_futures=True)
 
 
 @pytest.mark.slow

@@ -9,9 +9,10 @@ from __future__ import annotations
 import shutil
 import subprocess
 import sys
+from concurrent.futures import ThreadPoolExecutor
 
 import pytest
-from crashrun import FAST, RUN, copy_of, finish, provrl_run
+from crashrun import FAST, RUN, copy_of, finish, killed, provrl_run
 from runcheck import check_run
 
 SAFETENSORS = """
@@ -111,6 +112,27 @@ def test_a_failed_write_is_one_line_and_the_run_resumes(crash_base, tmp_path, fa
     if "ckpt-v2" in expected:  # nor an incomplete ckpt-v2/ (weights saved, optimizer not)
         assert not (d / RUN / "rl" / "ckpt-v2").exists()
     finish(d)  # the disk is writable again
+
+
+@pytest.mark.ci
+def test_every_other_failed_write_is_one_line_and_the_run_resumes_past_it(crash_base, tmp_path):
+    """The faults the test above leaves to ``make test-all``, in ``make test``'s budget: each
+    fails with its one line, then a resume commits past the failed write (killed once it has
+    hot-loaded a step it committed — the finished run is the slow test's), two at a time."""
+
+    def one(fault: str) -> None:
+        prelude, expected = FAULTS[fault]
+        d = copy_of(crash_base, tmp_path / fault)
+        p = provrl_run(d, None, resume=True, prelude=prelude)
+        assert p.returncode == 2, p.stderr[-3000:]
+        assert one_error_line(p.stderr) == expected, fault
+        before = check_run(d / RUN, finished=False)["n"]
+        assert not list((d / RUN / "rl").glob("ckpt-v2.tmp-*")), fault
+        killed(d, "rl.hotloaded:1")  # the disk is writable again
+        assert check_run(d / RUN, finished=False)["n"] > before, fault
+
+    with ThreadPoolExecutor(max_workers=2) as pool:
+        list(pool.map(one, ["torch-erofs", "log-enospc", "log-eacces"]))
 
 
 def _tmpfs_allowed() -> bool:
