@@ -27,6 +27,9 @@ async_vs_sync.py       async (hot-load) vs sync RL at equal samples     benchmar
                        (docs/pipeline.md)
 simulate.py            predicted async / sync wall ratio at scale: a    provrl bench simulate,
                        discrete-event simulation (docs/simulate.md)     benchmarks/simulate.py
+sim_check.py           the simulator at a measured async_vs_sync point  check_against_simulator
+agent_runs.py          an RL stage measured from outside the loop       (used by the above)
+                       (engine counters, save / load s, kept weights)
 replicas.py            one engine vs Ray replicas; hot-load schedules;  benchmarks/replicas.py
                        a replica killed (docs/distributed.md)
 retrieve_load.py       ``/retrieve`` under load, clean and hostile      benchmarks/retrieve_load.py
