@@ -35,6 +35,9 @@ replicas.py            one engine vs Ray replicas; hot-load schedules;  benchmar
 retrieve_load.py       ``/retrieve`` under load, clean and hostile      benchmarks/retrieve_load.py
                        (docs/env.md)
 warmstart_spread.py    the spread of K after the warm start, per tier   benchmarks/warmstart_spread.py
+trpo_agent.py          TRPO vs clipped GRPO on the async agent as       benchmarks/trpo_agent.py
+                       max_lag grows: predicted vs realised gain, KL
+                       (docs/objectives.md)
 trpo_vs_sb3.py         provrl TRPO vs sb3-contrib TRPO on gymnasium     benchmarks/trpo_vs_sb3.py
                        control (docs/trpo.md)
 trpo_pendulum_seeds.py the seed spread of TRPO on Pendulum-v1           benchmarks/trpo_pendulum_seeds.py

@@ -21,6 +21,7 @@ assistant tokens per turn of every episode, and the latency of every tool call.
 
 from __future__ import annotations
 
+import json
 import os
 import time
 from collections.abc import Sequence
@@ -28,8 +29,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from provrl.config import load_config
+from provrl.env.build import ensure_world
 from provrl.env.tasks import Task
 from provrl.pipeline.rl_loop import RLLoop
+from provrl.pipeline.run import run_pipeline
 from provrl.pipeline.rundir import RunDir
 from provrl.pipeline.steplog import read_steps
 from provrl.rollout.evaluate import evaluate
@@ -73,6 +77,39 @@ class Measured:
     """version → the kept copy of that step's weights (``keep_dir`` given)."""
     steps: list[dict[str, Any]] = field(default_factory=list)
     """The step records (``rl/steps.jsonl``)."""
+
+
+@dataclass
+class SharedStart:
+    """The warm start, probe and filter every run of a benchmark starts from."""
+
+    cfg: RunConfig
+    """The preset with the benchmark's overrides (RL steps 0)."""
+    root: Path
+    """The run directory holding them (copied per run, without rl/eval/report)."""
+    world: Path
+    start: str
+    """The warm start's checkpoint."""
+
+
+def shared_start(preset: str, sets: Sequence[str], root: Path, *, reuse: bool) -> SharedStart:
+    """Run warm start, probe and filter of ``preset`` + ``sets`` into ``root`` (RL with 0
+    steps, no eval); ``reuse``: ``root`` is an existing run that already holds them."""
+    cfg = load_config(RunConfig, preset, [*sets, "pipeline.loop.steps=0", "pipeline.eval.policies=[]"])  # fmt: skip
+    if not reuse:
+        run_pipeline(cfg, root, progress=False)
+    world = ensure_world(cfg.env.world)
+    start = json.loads((root / "warmstart" / "done.json").read_text())["checkpoint"]
+    return SharedStart(cfg, root, world, str(start))
+
+
+def fresh_copy(shared: SharedStart, d: Path) -> RunDir:
+    """A run directory ``d`` holding a copy of the shared start (any older ``d`` removed)."""
+    import shutil
+
+    shutil.rmtree(d, ignore_errors=True)
+    shutil.copytree(shared.root, d, ignore=shutil.ignore_patterns("rl", "eval", "report"))
+    return RunDir(d)
 
 
 def link_tree(src: Path, dst: Path, skip: Sequence[str] = ()) -> None:

@@ -42,17 +42,20 @@ from __future__ import annotations
 
 import argparse
 import json
-import shutil
 import statistics
 from pathlib import Path
 from typing import Any
 
-from provrl.bench.agent_runs import Measured, episode_inputs, evaluate_policy, run_measured
+from provrl.bench.agent_runs import (
+    Measured,
+    episode_inputs,
+    evaluate_policy,
+    fresh_copy,
+    run_measured,
+    shared_start,
+)
 from provrl.bench.stats import equivalence_report
 from provrl.config import load_config
-from provrl.env.build import ensure_world
-from provrl.pipeline.run import run_pipeline
-from provrl.pipeline.rundir import RunDir
 from provrl.pipeline.stages import load_pool
 from provrl.run_config.run import RunConfig
 from provrl.trajlog import read_all
@@ -184,12 +187,9 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     if args.model:
         sets.append(f"model.name={args.model}")
     # 1. one shared warm start, probe and filter (RL with 0 steps, no eval)
-    cfg0 = load_config(RunConfig, args.preset, [*sets, "pipeline.loop.steps=0"])
-    base_dir = args.shared or args.out / "shared"
-    if args.shared is None:
-        run_pipeline(cfg0, base_dir, progress=False)
-    world = ensure_world(cfg0.env.world)
-    start = json.loads((base_dir / "warmstart" / "done.json").read_text())["checkpoint"]
+    shared = shared_start(args.preset, sets, args.shared or args.out / "shared",
+                          reuse=args.shared is not None)  # fmt: skip
+    cfg0, world, start = shared.cfg, shared.world, shared.start
     curve0 = None
     if args.curve_every:
         ev0 = evaluate_policy(start, world, cfg0, args.out / "curve-v0",
@@ -204,13 +204,11 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     for seed in range(args.seeds):
         for mode in MODES:  # interleaved, so machine load hits both alike
             d = args.out / f"{mode}-s{seed}"
-            shutil.rmtree(d, ignore_errors=True)
-            shutil.copytree(base_dir, d, ignore=shutil.ignore_patterns("rl", "eval", "report"))
+            run = fresh_copy(shared, d)
             lat = latency_sets(args.latency_preset, args.latency, args.median_latency, seed)
             cfg = load_config(RunConfig, args.preset,
                               [*sets, f"pipeline.loop.mode={mode}", f"seed={seed}", *lat])  # fmt: skip
             cfgs[mode] = cfg
-            run = RunDir(d)
             pool = [t for p in cfg.pipeline.rl_pools for t in load_pool(run, p)]
             m = run_measured(cfg, run, world, pool, start, keep_dir=d / "kept")
             s = m.summary

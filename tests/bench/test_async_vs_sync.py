@@ -51,3 +51,8 @@ def test_tiny_run_reports_everything(tmp_path):
     m = r["measured"]["sync"]
     assert m["episodes"] == len(m["turn_tokens"]) >= m["batch"]
     assert m["engine_step_s"] > 0 and len(m["trainer_step_s"]) == 1
+    assert len(m["waits"]) == len(m["turn_tokens"])
+    from provrl.bench.sim_check import check_against_simulator
+
+    check = check_against_simulator(r, seeds=1)  # the JSON is the simulator's input as it is
+    assert check["predicted_ratio"] > 0 and isinstance(check["within"], bool)
