@@ -24,7 +24,7 @@ from __future__ import annotations
 import json
 import os
 import time
-from collections.abc import Sequence
+from collections.abc import Container, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -137,9 +137,12 @@ def run_measured(
     start_policy: str,
     *,
     keep_dir: Path | None = None,
+    keep: Container[int] | None = None,
 ) -> Measured:
     """The RL stage of ``cfg`` in ``run`` (as :func:`~provrl.pipeline.rl_loop.run_rl`),
-    measured as the module docstring says."""
+    measured as the module docstring says; ``keep``: the versions whose weights go to
+    ``keep_dir`` (None: all). Each kept version takes the model's size on disk once the
+    loop has pruned its checkpoint: delete ``keep_dir`` after evaluating it."""
     loop = RLLoop(cfg, run, world_dir, tasks, start_policy, progress=False)
     m = Measured(summary={}, engine={})
     save, load = loop.learner.save, loop.engine.load_weights
@@ -148,8 +151,8 @@ def run_measured(
         t0 = time.perf_counter()
         save(path, **meta)
         m.save_s.append(time.perf_counter() - t0)
-        if keep_dir is not None:
-            v = int(meta["version"])
+        v = int(meta["version"])
+        if keep_dir is not None and (keep is None or v in keep):
             link_tree(Path(path), keep_dir / f"v{v}", skip=(OPTIMIZER_FILE,))
             m.checkpoints[v] = keep_dir / f"v{v}"
 

@@ -7,7 +7,7 @@ tail fitted to a web-search API's published p50 / p95, docs/env.md §3): only
 ``pipeline.loop.mode`` differs. For each seed and mode (interleaved, so machine load hits
 both alike) the RL stage runs from a copy of one shared warm-started run directory
 (:func:`provrl.bench.agent_runs.run_measured`: the engine's counters, save and load times,
-every step's weights kept); afterwards the final policy is evaluated on ``--dev-tasks`` dev
+the curve's steps' weights kept); afterwards the final policy is evaluated on ``--dev-tasks`` dev
 tasks × ``--dev-k`` samples, and every ``--curve-every``-th step's weights on the curve's
 smaller dev set (``--curve-dev-tasks`` × ``--curve-k``), which gives the wall-clock
 accuracy curve and the **time to a dev-accuracy threshold**.
@@ -42,6 +42,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import shutil
 import statistics
 from pathlib import Path
 from typing import Any
@@ -210,7 +211,9 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
                               [*sets, f"pipeline.loop.mode={mode}", f"seed={seed}", *lat])  # fmt: skip
             cfgs[mode] = cfg
             pool = [t for p in cfg.pipeline.rl_pools for t in load_pool(run, p)]
-            m = run_measured(cfg, run, world, pool, start, keep_dir=d / "kept")
+            every = args.curve_every
+            versions = {v for v in range(1, args.steps + 1) if every and (v % every == 0 or v == args.steps)}  # fmt: skip
+            m = run_measured(cfg, run, world, pool, start, keep_dir=d / "kept", keep=versions)
             s = m.summary
             ev = evaluate_policy(s["checkpoint"], world, cfg, d / "dev-eval",
                                  n=args.dev_tasks, k=args.dev_k)  # fmt: skip
@@ -222,11 +225,10 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
                 curve.append([0.0, 0.0, curve0])
                 wall = {int(r["version"]): float(r["wall_s"]) for r in m.steps}
                 for v, path in sorted(m.checkpoints.items()):
-                    if v % args.curve_every and v != max(m.checkpoints):
-                        continue
                     e = evaluate_policy(str(path), world, cfg, d / f"curve-v{v}",
                                         n=args.curve_dev_tasks, k=args.curve_k)  # fmt: skip
                     curve.append([wall.get(v, float(s["wall_s"])), float(v), e["accuracy"]])
+            shutil.rmtree(d / "kept", ignore_errors=True)  # a model's size per version
             rows[mode].append(
                 {
                     "seed": seed,

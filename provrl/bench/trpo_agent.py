@@ -35,6 +35,7 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import shutil
 from pathlib import Path
 from typing import Any
 
@@ -170,6 +171,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
                 fresh = {0: ev0}
                 for v, path in sorted(m.checkpoints.items()):
                     fresh[v] = evaluate_policy(str(path), shared.world, cfg, d / f"fresh-v{v}", n=n, k=k)  # fmt: skip
+                shutil.rmtree(d / "kept", ignore_errors=True)  # a model's size per version
                 runs.append(
                     {
                         "seed": seed,
