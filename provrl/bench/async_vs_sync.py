@@ -19,7 +19,8 @@ summed over steps and seeds), the engine's counters (``drains``, ``cache_resets`
 ``drain_evictions``, ``drain_wait_s``, ``hotloads``: strict on-policy drains and resets at
 every step, hot-load does neither) and the measured inputs of the simulator
 (``measured``: episodes' tokens per turn, tool-call latencies, trainer step, save and load
-seconds, engine seconds per step; :func:`provrl.bench.sim_check.check_against_simulator`).
+seconds, engine seconds per step) and, under ``simulator_check``, the simulator's prediction
+of this point from them (:func:`provrl.bench.sim_check.check_against_simulator`).
 
 Top level: ``wall_ratio_async_over_sync`` (median wall over seeds, async / sync;
 ``speed_ratio`` is its inverse) and ``equivalent``, the **equivalence test** of final dev
@@ -55,6 +56,7 @@ from provrl.bench.agent_runs import (
     run_measured,
     shared_start,
 )
+from provrl.bench.sim_check import check_against_simulator
 from provrl.bench.stats import equivalence_report
 from provrl.config import load_config
 from provrl.pipeline.stages import load_pool
@@ -254,6 +256,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     result["latency"] = cfgs["sync"].env.search.latency.model_dump(mode="json") | {
         "preset_flag": args.latency_preset
     }
+    result["simulator_check"] = check_against_simulator(result)
     if args.plot is not None and args.curve_every:
         plot(result, args.plot)
     if args.results is not None:

@@ -55,4 +55,5 @@ def test_tiny_run_reports_everything(tmp_path):
     from provrl.bench.sim_check import check_against_simulator
 
     check = check_against_simulator(r, seeds=1)  # the JSON is the simulator's input as it is
+    assert r["simulator_check"]["measured_ratio"] == r["wall_ratio_async_over_sync"]
     assert check["predicted_ratio"] > 0 and isinstance(check["within"], bool)
