@@ -7,8 +7,6 @@ from __future__ import annotations
 
 import json
 
-import pytest
-
 from provrl.bench import async_vs_sync as avs
 from provrl.env.config import LATENCY_PRESETS
 
@@ -25,7 +23,6 @@ def test_helpers():
         "env.search.latency.kind=pareto", "env.search.latency.median_s=0.3"]  # fmt: skip
 
 
-@pytest.mark.slow
 def test_tiny_run_reports_everything(tmp_path):
     out = tmp_path / "avs"
     argv = ["--steps", "1", "--seeds", "1", "--dev-tasks", "3", "--dev-k", "1",

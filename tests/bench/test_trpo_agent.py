@@ -43,7 +43,6 @@ def test_summarise_config():
     assert s["predicted_vs_realised"]["pairs"] == 1
 
 
-@pytest.mark.slow
 def test_tiny_run(tmp_path):
     argv = ["--steps", "1", "--seeds", "1", "--max-lags", "2", "--fresh-tasks", "2",
             "--fresh-k", "1", "--out", str(tmp_path / "t"), "--plot", str(tmp_path / "p.png"),
