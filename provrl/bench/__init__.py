@@ -27,11 +27,17 @@ async_vs_sync.py       async (hot-load) vs sync RL at equal samples     benchmar
                        (docs/pipeline.md)
 simulate.py            predicted async / sync wall ratio at scale: a    provrl bench simulate,
                        discrete-event simulation (docs/simulate.md)     benchmarks/simulate.py
+sim_check.py           the simulator at a measured async_vs_sync point  check_against_simulator
+agent_runs.py          an RL stage measured from outside the loop       (used by the above)
+                       (engine counters, save / load s, kept weights)
 replicas.py            one engine vs Ray replicas; hot-load schedules;  benchmarks/replicas.py
                        a replica killed (docs/distributed.md)
 retrieve_load.py       ``/retrieve`` under load, clean and hostile      benchmarks/retrieve_load.py
                        (docs/env.md)
 warmstart_spread.py    the spread of K after the warm start, per tier   benchmarks/warmstart_spread.py
+trpo_agent.py          TRPO vs clipped GRPO on the async agent as       benchmarks/trpo_agent.py
+                       max_lag grows: predicted vs realised gain, KL
+                       (docs/objectives.md)
 trpo_vs_sb3.py         provrl TRPO vs sb3-contrib TRPO on gymnasium     benchmarks/trpo_vs_sb3.py
                        control (docs/trpo.md)
 trpo_pendulum_seeds.py the seed spread of TRPO on Pendulum-v1           benchmarks/trpo_pendulum_seeds.py

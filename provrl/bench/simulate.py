@@ -68,6 +68,10 @@ class Workload:
     max_lag: int = 1
     contention: float = 1.0
     seed: int = 0
+    episodes: tuple[tuple[tuple[int, ...], tuple[float, ...]], ...] = ()
+    """Measured episodes to replay instead of drawing them: (tokens of each turn, seconds
+    waited on tools after each turn but the last). When given, episode i is one of them,
+    chosen by its own stream, and tool_calls, tokens_per_turn and latency are unused."""
 
 
 @dataclass
@@ -116,8 +120,12 @@ class Outcome:
 
 def episode_draw(w: Workload, i: int) -> tuple[list[int], list[float]]:
     """Episode ``i``'s tokens per turn and tool latencies: from its own stream ``(seed, i)``,
-    so it is the same episode whichever mode and order it runs in."""
+    so it is the same episode whichever mode and order it runs in (one of ``w.episodes``
+    when those are given)."""
     rng = np.random.default_rng([w.seed, i])
+    if w.episodes:
+        tokens_, waits = w.episodes[int(rng.integers(len(w.episodes)))]
+        return list(tokens_), list(waits)
     calls = int(rng.integers(w.tool_calls[0], w.tool_calls[1] + 1))
     lo, hi = w.tokens_per_turn
     tokens = [int(x) for x in rng.integers(lo, hi + 1, calls + 1)]
