@@ -98,3 +98,29 @@ class Ema:
     def update(self, x: float) -> float:
         self.value = x if self.value is None else (1 - self.alpha) * self.value + self.alpha * x
         return self.value
+
+
+class RecentMedian:
+    """The median of the last ``n`` values: the step and group times paced admission plans
+    with. An EMA lags a change of regime — a run's first steps train the long probe-era
+    episodes (80 s) and later ones 25 s, and an EMA still said 64 s five steps on, so the
+    start threshold fell after the step had ended and every batch started only after the
+    hot-load — while the median of three follows it within two steps and ignores one outlier."""
+
+    def __init__(self, n: int = 3) -> None:
+        self.n = n
+        self.recent: list[float] = []
+
+    @property
+    def value(self) -> float | None:
+        if not self.recent:
+            return None
+        xs = sorted(self.recent)
+        m = len(xs) // 2
+        return xs[m] if len(xs) % 2 else 0.5 * (xs[m - 1] + xs[m])
+
+    def update(self, x: float) -> float:
+        self.recent = [*self.recent, x][-self.n :]
+        v = self.value
+        assert v is not None
+        return v

@@ -77,6 +77,7 @@ from provrl.failpoints import failpoint
 from provrl.models.checkpoint import removed_unless_complete, write_manifest
 from provrl.pipeline.admission import (
     Ema,
+    RecentMedian,
     group_lag,
     groups_needed,
     may_start,
@@ -266,7 +267,8 @@ class RLLoop:
         """Finished groups this session, and how many (and their tokens) had no signal."""
         self.zero_streak = 0
         """Finished groups in a row without signal."""
-        self.step_time, self.group_time, self.zero_rate = Ema(), Ema(), Ema()
+        self.step_time, self.group_time = RecentMedian(), RecentMedian()
+        self.zero_rate = Ema()
         """Paced admission's estimates: a step's wall time (train, save, load), a group's
         (start to finish) and the share of groups finishing without signal."""
         self.started_at: dict[str, float] = {}

@@ -7,7 +7,7 @@ import math
 
 import pytest
 
-from provrl.pipeline.admission import Ema, groups_needed, paced_start
+from provrl.pipeline.admission import Ema, RecentMedian, groups_needed, paced_start
 
 
 def test_paced_start_waits_until_one_group_time_before_the_step_ends():
@@ -38,3 +38,20 @@ def test_ema():
     assert e.value is None
     assert e.update(4.0) == 4.0 and e.update(2.0) == 3.0
     assert math.isclose(e.update(3.0), 3.0)
+
+
+def test_the_step_time_estimate_follows_a_change_of_regime():
+    """Dev run C's step times: three probe-era steps of ~80 s, then ~27-41 s. With an EMA
+    (α = 0.3) the planned start fell after the real step end; the recent median does not."""
+    steps = [82.2, 82.0, 72.2, 41.4, 40.7, 27.2, 29.8, 25.0]
+    ema, med = Ema(), RecentMedian()
+    for x in steps[:-1]:
+        ema.update(x)
+        med.update(x)
+    group_s, real = 18.0, steps[-1]
+    assert ema.value is not None and med.value is not None
+    assert ema.value - group_s > real  # EMA: would start after the step is over
+    assert med.value - group_s < real  # median of the last three: starts within the step
+    assert RecentMedian().value is None
+    m = RecentMedian(n=3)
+    assert [m.update(x) for x in (5.0, 1.0, 3.0, 100.0)] == [5.0, 3.0, 3.0, 3.0]
