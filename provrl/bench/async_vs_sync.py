@@ -56,6 +56,7 @@ from provrl.bench.agent_runs import (
     run_measured,
     shared_start,
 )
+from provrl.bench.results import write_script_result
 from provrl.bench.sim_check import check_against_simulator
 from provrl.bench.stats import equivalence_report
 from provrl.config import load_config
@@ -259,9 +260,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     result["simulator_check"] = check_against_simulator(result)
     if args.plot is not None and args.curve_every:
         plot(result, args.plot)
-    if args.results is not None:
-        args.results.parent.mkdir(parents=True, exist_ok=True)
-        args.results.write_text(json.dumps(result, indent=1) + "\n")
+    if args.results is not None:  # with commit, config, machine, date and seeds
+        write_script_result(args.results, "async_vs_sync", result, args)
     print(json.dumps(result, indent=None if args.json else 2))
     return result
 

@@ -144,6 +144,16 @@ def write_result(path: str | os.PathLike[str], record: Mapping[str, Any]) -> Pat
     return p
 
 
+def write_script_result(
+    path: str | os.PathLike[str], benchmark: str, result: Mapping[str, Any], args: Any
+) -> Path:
+    """A ``benchmarks/*.py`` script's ``--results`` file: :func:`run_record` with the script's
+    parsed arguments as its config and ``range(args.seeds)`` (when it has seeds) as its seeds."""
+    config = {k: str(v) if isinstance(v, os.PathLike) else v for k, v in vars(args).items()}
+    seeds = list(range(int(getattr(args, "seeds", 0) or 0)))
+    return write_result(path, run_record(benchmark, result, config=config, seeds=seeds))
+
+
 # ----------------------------------------------------------------------------- checking
 def check_record(name: str, record: Any) -> list[str]:
     """What a results file lacks: the :data:`REQUIRED` keys, ``machine.cpus``, a config

@@ -43,6 +43,7 @@ import numpy as np
 
 from provrl.bench.agent_runs import evaluate_policy, fresh_copy, run_measured, shared_start
 from provrl.bench.async_vs_sync import latency_sets
+from provrl.bench.results import write_script_result
 from provrl.config import load_config
 from provrl.pipeline.stages import load_pool
 from provrl.run_config.run import RunConfig
@@ -200,9 +201,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     }
     if args.plot is not None:
         plot(result, args.plot)
-    if args.results is not None:
-        args.results.parent.mkdir(parents=True, exist_ok=True)
-        args.results.write_text(json.dumps(result, indent=1) + "\n")
+    if args.results is not None:  # with commit, config, machine, date and seeds
+        write_script_result(args.results, "trpo_agent", result, args)
     print(json.dumps(result, indent=None if args.json else 2))
     return result
 
