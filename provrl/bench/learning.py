@@ -145,16 +145,22 @@ def run_learning_benchmark(
     overrides: Sequence[str] = (),
     eval_k: int = 4,
     world2_seed: int | None = None,
+    shared_from: str | os.PathLike[str] | None = None,
     progress: Callable[[str], None] | None = None,
 ) -> dict[str, Any]:
     """The benchmark of the module docstring; resumable (each run resumes in its directory).
-    ``world2_seed``: the second world's generator seed (None: drawn, and recorded)."""
+    ``world2_seed``: the second world's generator seed (None: drawn, and recorded).
+    ``shared_from``: a finished run of the same preset whose world, warm start, probe and filter
+    are linked in instead of built (its warm start is still evaluated here, on test)."""
     say = progress or (lambda _m: None)
     root = Path(out).resolve()
     root.mkdir(parents=True, exist_ok=True)
     common = ["--preset", preset, "--no-progress", *[a for o in overrides for a in ("--set", o)]]
     common += ["--set", "pipeline.tasks.eval=0", "--set", f"pipeline.eval.k={eval_k}"]
+    source = Path(shared_from).resolve() if shared_from is not None else None
     shared = root / "shared"
+    if source is not None:
+        _link_shared(source, shared)
     say("shared: world, warm start, probe, filter, eval of the warm start")
     shared_run = _run(
         [
@@ -240,6 +246,7 @@ def run_learning_benchmark(
         "eval_k": eval_k,
         "world2_seed": world2_seed,
         "shared": shared_run,
+        "shared_from": str(source) if source is not None else None,
         "warmstart_accuracy": warm["accuracy"],
         "warmstart_tool_calls_solved": warm["tool_calls_solved"],
         "seeds": rows,

@@ -224,6 +224,7 @@ def bench_learning(
         overrides=c.overrides,
         eval_k=c.eval_k,
         world2_seed=c.world2_seed or None,
+        shared_from=c.shared or None,
         progress=_progress("learning"),
     )
     _emit(res, as_json, out, name="learning", config=c, seeds=list(range(c.seeds)))

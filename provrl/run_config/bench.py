@@ -193,6 +193,12 @@ class LearningBenchConfig(Section):
     overrides: tuple[str, ...] = Field(
         (), description="key=value overrides of the preset for every run (like --set)."
     )
+    shared: str = Field(
+        "",
+        description="A finished run whose world, warm start, probe and filter the benchmark "
+        "reuses (linked into RUNS/shared; its warm start is still evaluated on test). Empty: "
+        "built here.",
+    )
 
 
 class DevBenchConfig(Section):
