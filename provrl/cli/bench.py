@@ -215,8 +215,16 @@ def bench_learning(
     """The preset with several RL seeds from one warm start: paired accuracy gain, tool-call
     cut, mixed-version share, second-world gain, per seed and as a mean with a 95 % interval."""
     from provrl.bench.learning import run_learning_benchmark
+    from provrl.bench.learning_report import plot_learning, targets
 
     c = cfg.bench.learning
+    if c.from_record:
+        rec = json.loads(Path(c.from_record).read_text())
+        res = rec.get("result", rec)
+        if c.plot:
+            plot_learning(res, c.plot)
+        typer.echo(json.dumps(targets(res), indent=None if as_json else 2))
+        return
     res = run_learning_benchmark(
         c.preset,
         c.seeds,
@@ -227,6 +235,9 @@ def bench_learning(
         shared_from=c.shared or None,
         progress=_progress("learning"),
     )
+    res["targets"] = targets(res)
+    if c.plot:
+        plot_learning(res, c.plot)
     _emit(res, as_json, out, name="learning", config=c, seeds=list(range(c.seeds)))
 
 

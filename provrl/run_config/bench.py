@@ -193,6 +193,14 @@ class LearningBenchConfig(Section):
     overrides: tuple[str, ...] = Field(
         (), description="key=value overrides of the preset for every run (like --set)."
     )
+    plot: str = Field(
+        "", description="Also draw the record here (PNG; per seed and tier: accuracy, calls)."
+    )
+    from_record: str = Field(
+        "",
+        description="Run nothing: read this finished record (results/learning.json), check "
+        "its targets and draw --plot.",
+    )
     shared: str = Field(
         "",
         description="A finished run whose world, warm start, probe and filter the benchmark "

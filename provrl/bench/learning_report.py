@@ -1,0 +1,109 @@
+"""What ``provrl bench learning``'s record shows: issue 32's targets checked against it, and
+its plot (per seed: warm start vs RL accuracy and tool calls per solved task, per tier).
+
+Targets (the seed's shape: accuracy up **and** tool calls down, on mixed-version batches)::
+
+    mean gain            mean_s g_s ≥ 10 points          g_s: paired gain of seed s (points)
+    every seed above 0   g_s − 1.96·SE_s > 0              its paired 95 % interval
+    calls cut            1 − c_RL,s / c_warm ≥ 0.25       c: tool calls per solved test task
+    no tier falls        acc_RL,s,tier ≥ acc_warm,tier    every seed, every tier
+    mixed versions       m_s ≥ 0.20                       trained trajectories spanning ≥ 2
+    second world         mean_s g2_s ≥ 8 points           the same checkpoints, another world
+
+Both functions read only the record, so a finished ``results/learning.json`` can be checked
+and drawn again without rerunning anything.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+Z95 = 1.959963984540054
+"""Two-sided 95 % normal quantile, for a seed's paired interval g ± z·SE."""
+
+TARGETS = {
+    "mean_gain_points": 10.0,
+    "calls_cut_frac": 0.25,
+    "mixed_version_frac": 0.20,
+    "second_world_mean_gain_points": 8.0,
+}
+"""Issue 32's done-when thresholds."""
+
+
+def targets(result: Mapping[str, Any]) -> dict[str, Any]:
+    """Each target of the module docstring: the measured value(s) and whether it holds."""
+    rows = list(result["seeds"])
+    gains = [float(r["accuracy_gain_points"]) for r in rows]
+    lows = [float(r["accuracy_gain_points"]) - Z95 * float(r["accuracy_gain_se"]) for r in rows]
+    cuts = [float(r["tool_calls_solved_cut_frac"]) for r in rows]
+    mixed = [float(r["mixed_version_frac"]) for r in rows]
+    w2 = [float(r["second_world_gain_points"]) for r in rows]
+    tier_gain = {
+        f"seed {r['seed']} tier {k}": float(v["gain_points"]) for r in rows
+        for k, v in r["per_tier"].items()
+    }  # fmt: skip
+    checks = {
+        "mean_gain": {"value": float(np.mean(gains)), "holds": np.mean(gains) >= TARGETS["mean_gain_points"]},
+        "every_seed_interval_above_0": {"value": lows, "holds": all(x > 0 for x in lows)},
+        "calls_cut_every_seed": {"value": cuts, "holds": all(c >= TARGETS["calls_cut_frac"] for c in cuts)},
+        "no_tier_falls": {"value": tier_gain, "holds": all(g >= 0 for g in tier_gain.values())},
+        "mixed_every_seed": {"value": mixed, "holds": all(m >= TARGETS["mixed_version_frac"] for m in mixed)},
+        "second_world_mean_gain": {"value": float(np.mean(w2)), "holds": np.mean(w2) >= TARGETS["second_world_mean_gain_points"]},
+    }  # fmt: skip
+    for c in checks.values():
+        c["holds"] = bool(c["holds"])
+    return {"checks": checks, "all_hold": all(c["holds"] for c in checks.values())}
+
+
+def plot_learning(result: Mapping[str, Any], png: str | Path) -> Path:
+    """Two panels per world (test split, second world): accuracy and tool calls per solved
+    task per tier, the warm start as a bar and each RL seed as a dot."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    rows = list(result["seeds"])
+    worlds = [("per_tier", "test split"), ("second_world_per_tier", "second world")]
+    fig, axes = plt.subplots(2, 2, figsize=(10, 7), constrained_layout=True)
+    metrics = [
+        ("accuracy", "accuracy (exact match)"),
+        ("tool_calls_solved", "tool calls per solved task"),
+    ]
+    for i, (key, world) in enumerate(worlds):
+        tiers = sorted(rows[0][key], key=int)
+        for j, (m, label) in enumerate(metrics):
+            ax = axes[i][j]
+            x = np.arange(len(tiers))
+            warm = [rows[0][key][t][f"warmstart_{m}"] for t in tiers]
+            ax.bar(x, warm, width=0.5, color="0.8", label="warm start")
+            for s, r in enumerate(rows):
+                ys = [r[key][t][f"rl_{m}"] for t in tiers]
+                ax.scatter(x + (s - (len(rows) - 1) / 2) * 0.12, ys, zorder=3,
+                           label=f"RL seed {r['seed']}")  # fmt: skip
+            ax.set_xticks(x, [f"tier {t}" for t in tiers])
+            ax.set_ylabel(label)
+            ax.set_title(f"{world}: {label}")
+            if m == "accuracy":
+                ax.set_ylim(0, 1)
+            ax.grid(axis="y", alpha=0.3)
+    axes[0][0].legend(loc="upper right", fontsize=8)
+    mean = result.get("mean", {})
+    gain = mean.get("accuracy_gain_points", math.nan)
+    cut = mean.get("tool_calls_solved_cut_frac", math.nan)
+    fig.suptitle(
+        f"bench learning, preset {result.get('preset', '?')}: {len(rows)} RL seeds from one warm "
+        f"start, k={result.get('eval_k', '?')}\nmean gain {gain:+.1f} points on test, "
+        f"tool calls per solved task {-100 * cut:+.0f} %",
+        fontsize=11,
+    )
+    out = Path(png)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(out, dpi=110)
+    plt.close(fig)
+    return out
