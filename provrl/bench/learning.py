@@ -120,11 +120,17 @@ def mixed_version_frac(rl_dir: Path) -> float:
     return mixed / trained if trained else 0.0
 
 
-def ci95(values: Sequence[float]) -> list[float]:
-    """95 % t-interval of the mean (NaN bounds for a single value)."""
-    x = np.asarray([v for v in values if math.isfinite(v)], dtype=float)
+def _mean(values: Sequence[float | None]) -> float | None:
+    """Mean of the finite values; None when there are none (strict JSON has no NaN)."""
+    x = [v for v in values if v is not None and math.isfinite(v)]
+    return float(np.mean(x)) if x else None
+
+
+def ci95(values: Sequence[float | None]) -> list[float] | None:
+    """95 % t-interval of the mean of the finite values (None for fewer than two)."""
+    x = np.asarray([v for v in values if v is not None and math.isfinite(v)], dtype=float)
     if len(x) < 2:
-        return [math.nan, math.nan]
+        return None
     h = stats.t.ppf(0.975, len(x) - 1) * x.std(ddof=1) / math.sqrt(len(x))
     return [float(x.mean() - h), float(x.mean() + h)]
 
@@ -216,27 +222,56 @@ def run_learning_benchmark(
             _run([*ev2, "--policy", str(shared / "warmstart" / "ckpt"), "--run-dir", str(root / "world2-warmstart")], root / "world2.log")  # fmt: skip
             warm_w2 = _eval_summary(root / "world2-warmstart")
         w2_run = _run([*ev2, "--policy", rl_ckpt, "--run-dir", str(d / "world2-rl")], root / "world2.log")  # fmt: skip
-        main = compare(warm, rl_eval)
-        second = compare(warm_w2, _eval_summary(d / "world2-rl"))
-        rows.append(
-            {
-                "seed": s,
-                "accuracy_gain_points": main["accuracy_gain_points"],
-                "accuracy_gain_se": main["accuracy_gain_se"],
-                "tool_calls_solved_cut_frac": main["tool_calls_solved_cut_frac"],
-                "mixed_version_frac": mixed_version_frac(d / "rl"),
-                "second_world_gain_points": second["accuracy_gain_points"],
-                "second_world_gain_se": second["accuracy_gain_se"],
-                "second_world_tool_calls_solved_cut_frac": second["tool_calls_solved_cut_frac"],
-                "per_tier": main["per_tier"],
-                "second_world_per_tier": second["per_tier"],
-                "warmstart_accuracy": warm["accuracy"],
-                "rl_accuracy": rl_eval["accuracy"],
-                "test_tasks": main["tasks"],
-                "wall_s": run["wall_s"] + w2_run["wall_s"],
-                "peak_rss_gb": run["peak_rss_gb"],
-            }
-        )
+        rows.append(seed_row(d, s, warm, rl_eval, warm_w2, _eval_summary(d / "world2-rl")))
+        rows[-1].update(wall_s=run["wall_s"] + w2_run["wall_s"], peak_rss_gb=run["peak_rss_gb"])
+    return aggregate(rows, preset=preset, overrides=overrides, eval_k=eval_k,
+                     world2_seed=world2_seed, warm=warm) | {
+        "shared": shared_run,
+        "shared_from": str(source) if source is not None else None,
+    }  # fmt: skip
+
+
+def seed_row(
+    seed_dir: Path,
+    seed: int,
+    warm: dict[str, Any],
+    rl_eval: dict[str, Any],
+    warm_w2: dict[str, Any],
+    rl_w2: dict[str, Any],
+) -> dict[str, Any]:
+    """One seed's row: RL against the warm start on test and on the second world (the
+    summaries of :func:`_eval_summary`), and the mixed-version share of its RL stage."""
+    main = compare(warm, rl_eval)
+    second = compare(warm_w2, rl_w2)
+    return {
+        "seed": seed,
+        "accuracy_gain_points": main["accuracy_gain_points"],
+        "accuracy_gain_se": main["accuracy_gain_se"],
+        "tool_calls_solved_cut_frac": main["tool_calls_solved_cut_frac"],
+        "mixed_version_frac": mixed_version_frac(seed_dir / "rl"),
+        "second_world_gain_points": second["accuracy_gain_points"],
+        "second_world_gain_se": second["accuracy_gain_se"],
+        "second_world_tool_calls_solved_cut_frac": second["tool_calls_solved_cut_frac"],
+        "per_tier": main["per_tier"],
+        "second_world_per_tier": second["per_tier"],
+        "warmstart_accuracy": warm["accuracy"],
+        "rl_accuracy": rl_eval["accuracy"],
+        "test_tasks": main["tasks"],
+        "wall_s": None,
+        "peak_rss_gb": None,
+    }
+
+
+def aggregate(
+    rows: list[dict[str, Any]],
+    *,
+    preset: str,
+    overrides: Sequence[str],
+    eval_k: int,
+    world2_seed: int | None,
+    warm: dict[str, Any],
+) -> dict[str, Any]:
+    """The record: the rows, their means and 95 % t-intervals."""
     keys = ("accuracy_gain_points", "tool_calls_solved_cut_frac", "mixed_version_frac",
             "second_world_gain_points", "wall_s", "peak_rss_gb")  # fmt: skip
     return {
@@ -245,14 +280,38 @@ def run_learning_benchmark(
         "overrides": list(overrides),
         "eval_k": eval_k,
         "world2_seed": world2_seed,
-        "shared": shared_run,
-        "shared_from": str(source) if source is not None else None,
         "warmstart_accuracy": warm["accuracy"],
         "warmstart_tool_calls_solved": warm["tool_calls_solved"],
         "seeds": rows,
-        "mean": {k: float(np.nanmean([r[k] for r in rows])) for k in keys},
+        "mean": {k: _mean([r[k] for r in rows]) for k in keys},
         "ci95": {k: ci95([r[k] for r in rows]) for k in keys},
     }
+
+
+def summarize_finished(
+    out: str | os.PathLike[str], preset: str, overrides: Sequence[str], eval_k: int
+) -> dict[str, Any]:
+    """The record of the seeds of ``out`` (a benchmark directory) that have finished every
+    run, built from their files alone: for a benchmark stopped before its last seed. Wall
+    times and RSS are not in the files (NaN); ``partial`` says which seeds are missing."""
+    root = Path(out).resolve()
+    warm = _eval_summary(root / "shared" / "eval" / "warmstart")
+    warm_w2 = _eval_summary(root / "world2-warmstart")
+    rows, missing = [], []
+    for d in sorted(root.glob("seed-*"), key=lambda p: int(p.name.split("-")[1])):
+        s = int(d.name.split("-")[1])
+        done = [d / "rl" / "done.json", d / "eval" / "rl" / "trajectories.jsonl",
+                d / "world2-rl" / "eval.json"]  # fmt: skip
+        if all(p.exists() for p in done):
+            rl_eval = _eval_summary(d / "eval" / "rl")
+            rows.append(seed_row(d, s, warm, rl_eval, warm_w2, _eval_summary(d / "world2-rl")))
+        else:
+            missing.append(s)
+    world = json.loads((root / "world2-warmstart" / "eval.json").read_text()).get("world", "")
+    seed = Path(str(world)).name.removeprefix("seed").split("-")[0]
+    rec = aggregate(rows, preset=preset, overrides=overrides, eval_k=eval_k,
+                    world2_seed=int(seed) if seed.isdigit() else None, warm=warm)  # fmt: skip
+    return rec | {"partial": {"finished_seeds": [r["seed"] for r in rows], "missing": missing}}
 
 
 def _tiers(run_dir: Path) -> list[int]:

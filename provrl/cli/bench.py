@@ -219,7 +219,19 @@ def bench_learning(
 
     c = cfg.bench.learning
     if c.from_record:
-        rec = json.loads(Path(c.from_record).read_text())
+        src = Path(c.from_record)
+        if src.is_dir():  # a benchmark directory stopped early: its finished seeds
+            from provrl.bench.learning import summarize_finished
+
+            res = summarize_finished(src, c.preset, c.overrides, c.eval_k)
+            res["targets"] = targets(res)
+            if c.plot:
+                plot_learning(res, c.plot)
+            _emit(
+                res, as_json, out, name="learning", config=c, seeds=res["partial"]["finished_seeds"]
+            )
+            return
+        rec = json.loads(src.read_text())
         res = rec.get("result", rec)
         if c.plot:
             plot_learning(res, c.plot)

@@ -199,7 +199,8 @@ class LearningBenchConfig(Section):
     from_record: str = Field(
         "",
         description="Run nothing: read this finished record (results/learning.json), check "
-        "its targets and draw --plot.",
+        "its targets and draw --plot; or a benchmark directory stopped early: the record of "
+        "its finished seeds (marked partial), written to --out.",
     )
     shared: str = Field(
         "",

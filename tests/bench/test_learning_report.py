@@ -58,3 +58,56 @@ def test_a_tier_that_falls_fails_no_tier_falls():
 def test_plot_is_written(tmp_path):
     png = plot_learning(_record(), tmp_path / "learning.png")
     assert png.stat().st_size > 10_000
+
+
+def _traj(tid: str, task: str, **metrics: float):
+    from provrl.provenance import TrajectoryBuilder
+
+    b = TrajectoryBuilder(tid, task)
+    b.add_prompt([1, 2, 3])
+    b.add_actions([4, 5], logprob=[-0.1, -0.2], kept_mass=[1.0, 1.0], version=[0, 0],
+                  kv_min=[0, 0], kv_max=[0, 0], replica=0)  # fmt: skip
+    t = b.build()
+    t.metrics.update(metrics)
+    return t
+
+
+def _eval_dir(d, rows, world="/w/seed1234-d5000-abc"):
+    import json
+
+    from provrl.trajlog import TrajectoryWriter
+
+    d.mkdir(parents=True, exist_ok=True)
+    with TrajectoryWriter(d / "trajectories.jsonl") as w:
+        for i, (task, tier, em, calls) in enumerate(rows):
+            w.write(_traj(f"{task}-{i}", task, tier=tier, exact_match=em, num_tool_calls=calls))
+    (d / "eval.json").write_text(json.dumps({"world": world}))
+
+
+def test_summarize_finished_reads_the_seeds_that_finished(tmp_path):
+    import json
+
+    from provrl.bench.learning import summarize_finished
+
+    warm = [("a", 1, 1, 2), ("a", 1, 1, 4), ("b", 2, 1, 4), ("b", 2, 0, 4)]
+    rl = [("a", 1, 1, 2), ("a", 1, 1, 2), ("b", 2, 1, 2), ("b", 2, 1, 2)]
+    _eval_dir(tmp_path / "shared" / "eval" / "warmstart", warm)
+    _eval_dir(tmp_path / "world2-warmstart", warm)
+    s0 = tmp_path / "seed-0"
+    _eval_dir(s0 / "eval" / "rl", rl)
+    _eval_dir(s0 / "world2-rl", rl)
+    (s0 / "rl").mkdir(parents=True)
+    (s0 / "rl" / "done.json").write_text("{}")
+    steps = [{"step": 1, "trained": ["x", "y", "z", "w"], "mixed_version_trajectories": 1}]
+    (s0 / "rl" / "steps.jsonl").write_text("".join(json.dumps(r) + "\n" for r in steps))
+    (tmp_path / "seed-1" / "rl").mkdir(parents=True)  # RL still running: no eval yet
+    rec = summarize_finished(tmp_path, "default", [], 4)
+    assert rec["partial"] == {"finished_seeds": [0], "missing": [1]}
+    assert rec["world2_seed"] == 1234
+    (row,) = rec["seeds"]
+    assert row["accuracy_gain_points"] == pytest.approx(100 * (1.0 - 0.75))
+    assert row["tool_calls_solved_cut_frac"] == pytest.approx(1 - 2 / (10 / 3))
+    assert row["mixed_version_frac"] == pytest.approx(0.25)
+    assert row["per_tier"]["2"]["gain_points"] == pytest.approx(50.0)
+    assert rec["mean"]["wall_s"] is None
+    json.dumps(rec, allow_nan=False)
