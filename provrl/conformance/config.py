@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from pydantic import Field, field_validator
+from pydantic import Field, field_validator, model_validator
 
 from provrl.config import Section
 from provrl.provenance import SamplingParams
@@ -51,7 +51,13 @@ class ConformanceConfig(Section):
         default_factory=lambda: ["keep", "recompute", "drain"],
         description="Hot-load modes whose stamps are checked, one weight swap each.",
     )
-    turn_tokens: int = Field(6, ge=1, description="Tokens per turn in the stamps check.")
+    turn_tokens: int = Field(6, ge=2, description="Tokens per turn in the stamps check.")
+    swap_after: int | None = Field(
+        None,
+        ge=1,
+        description="The stamps check's mid-turn swap is published right after this many "
+        "tokens of a turn (< turn_tokens; None: turn_tokens // 2).",
+    )
     perturb: float = Field(
         0.5, gt=0.0, description="Each new version adds perturb·std·N(0, 1) to every tensor."
     )
@@ -76,6 +82,20 @@ class ConformanceConfig(Section):
         if bad:
             raise ValueError(f"modes {bad}: each must be keep, recompute or drain")
         return v
+
+    @model_validator(mode="after")
+    def _swap_inside_turn(self) -> ConformanceConfig:
+        if self.swap_after is not None and self.swap_after >= self.turn_tokens:
+            raise ValueError(
+                f"swap_after = {self.swap_after}: the mid-turn swap must land inside a turn of "
+                f"turn_tokens = {self.turn_tokens} tokens (swap_after < turn_tokens)"
+            )
+        return self
+
+    @property
+    def swap_point(self) -> int:
+        """Tokens of a turn sampled before the mid-turn swap (``swap_after`` resolved)."""
+        return self.swap_after if self.swap_after is not None else self.turn_tokens // 2
 
     def params(self, setting: tuple[float, int, float], n: int, seed: int) -> SamplingParams:
         """The sampling parameters of one draw of ``n`` tokens under ``setting``."""

@@ -11,6 +11,7 @@ definition of q).
 from __future__ import annotations
 
 import copy
+import inspect
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -41,6 +42,24 @@ class Reference:
         ids[t + 1]."""
         x = torch.tensor([list(ids)], device=self.model.device)
         return self.model(input_ids=x).logits[0].float().cpu()
+
+    @torch.no_grad()
+    def logits_across(
+        self, ids: Sequence[int], cached: int, new: Mapping[str, torch.Tensor]
+    ) -> torch.Tensor:
+        """Float32 logits [T, V] of ``ids`` across a keep-mode swap: the keys and values of
+        positions < ``cached`` computed under the weights held now and kept, the positions
+        from ``cached`` on fed under ``new`` (loaded here, and held after) and attending to
+        that stale cache. Row t predicts ids[t + 1]."""
+        if not 0 < cached < len(ids):
+            raise ValueError(f"logits_across: cached = {cached} not in (0, {len(ids)})")
+        x = torch.tensor([list(ids)], device=self.model.device)
+        # transformers renamed past_key_values to cache (5.2x): pass it under this one's name
+        name = "cache" if "cache" in inspect.signature(self.model.forward).parameters else "past_key_values"  # fmt: skip
+        before = self.model(input_ids=x[:, :cached], use_cache=True)
+        self.load(new)
+        after = self.model(input_ids=x[:, cached:], use_cache=True, **{name: before[name]})
+        return torch.cat([before.logits[0], after.logits[0]]).float().cpu()
 
     def behaviour(
         self, rows: torch.Tensor, tokens: Sequence[int], params: SamplingParams

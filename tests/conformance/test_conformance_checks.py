@@ -6,8 +6,12 @@ from __future__ import annotations
 import pytest
 from planted_faults import (  # type: ignore[import-not-found]
     SKIPPED,
+    KeepWaitsForTheTurn,
     OffByOneStamps,
     SkipsATensor,
+    TurnStartStamps,
+    Wrapped,
+    no_recompute,
     raw_logprobs,
     unrenormalised,
     untempered_kept_mass,
@@ -25,6 +29,18 @@ def test_the_local_engine_conforms(tiny, engine_on, small_cfg_conf, dtype):
     law = d["checks"][0]
     assert all(t["dof"] > 0 for t in law["tests"])  # both laws were really tested
     assert all(t["power"] > 0.5 for t in law["tests"])
+    # the mid-turn swap landed after exactly swap_point tokens (drain: after the turn), and
+    # the stale and fresh laws after it are far enough apart to tell keep from recompute
+    mid = d["checks"][3]["midturn"]
+    n, s = small_cfg_conf.turn_tokens, small_cfg_conf.swap_point
+    assert {m: (x["split"], x["exact_split"]) for m, x in mid.items()} == {
+        "keep": (s, True),
+        "recompute": (s, True),
+        "drain": (n, True),
+    }
+    tol = small_cfg_conf.logprob_tol[dtype]
+    for m in ("keep", "recompute"):
+        assert mid[m]["stale_fresh_gap"] > 10 * tol or mid[m]["support_flips"] > 0, mid[m]
 
 
 @pytest.mark.parametrize(
@@ -51,6 +67,83 @@ def test_an_off_by_one_version_stamp_fails_stamps(tiny, engine_on, small_cfg_con
     assert report.failed() == ["stamps"], [c.line() for c in report.checks]
     err = report.checks[1].error
     assert err is not None and "version" in err
+
+
+@pytest.mark.parametrize(
+    "fault, mode, field",
+    [
+        (TurnStartStamps, "keep", "version"),
+        (no_recompute, "recompute", "log q"),
+        (KeepWaitsForTheTurn, "keep", "version"),
+    ],
+    ids=["turn-start-stamps", "recompute-that-does-not", "keep-waits-for-the-turn"],
+)
+def test_mid_turn_faults_fail_stamps(tiny, engine_on, small_cfg_conf, monkeypatch, fault, mode, field):  # fmt: skip
+    if fault is no_recompute:
+        monkeypatch.setattr("provrl.engine.hotload.recompute_steps", no_recompute)
+        engine = engine_on()
+    else:
+        engine = engine_on(fault)
+    report = run_conformance(engine, tiny, small_cfg_conf, only=("weights", "stamps"))
+    assert report.failed() == ["stamps"], [c.line() for c in report.checks]
+    err = report.checks[1].error
+    s = small_cfg_conf.swap_point
+    assert err is not None and f"mid-turn {mode} (swap after token {s}" in err, err
+    mid = next(e for e in err.split("; ") if e.startswith(f"mid-turn {mode}"))
+    assert f"token {s}" in mid and field in mid, mid
+
+
+def test_turn_start_stamps_pass_without_the_mid_turn_swap(tiny, engine_on, small_cfg_conf):
+    """The between-turns swaps alone cannot see the turn-start fault: only mid-turn can."""
+    report = run_conformance(engine_on(TurnStartStamps), tiny, small_cfg_conf, only=("stamps",))
+    assert report.failed() == ["stamps"]
+    assert all(e.startswith("mid-turn") for e in (report.checks[0].error or "").split("; "))
+
+
+def test_an_engine_without_load_weights_async_is_swapped_from_a_thread(tiny, engine_on, small_cfg_conf):  # fmt: skip
+    report = run_conformance(Wrapped(engine_on()), tiny, small_cfg_conf, only=("stamps",))
+    assert report.passed, [c.line() for c in report.checks]
+    mid = report.to_dict()["checks"][0]["midturn"]
+    assert not any(x["exact_split"] for x in mid.values())
+    assert all(x["split"] >= small_cfg_conf.swap_point for x in mid.values())
+
+
+def test_expected_stamps_by_hand():
+    from provrl.conformance.midturn import expected
+
+    v, k = expected("keep", 3, 5, 2)
+    assert v.tolist() == [3, 3, 4, 4, 4] and k.tolist() == [3] * 5
+    v, k = expected("recompute", 3, 5, 2)
+    assert v.tolist() == [3, 3, 4, 4, 4] and k.tolist() == [3, 3, 4, 4, 4]
+    v, k = expected("drain", 3, 4, 4)
+    assert v.tolist() == [3] * 4 and k.tolist() == [3] * 4
+
+
+def test_logits_across_a_swap_keep_the_stale_prefix(tiny):
+    import torch
+
+    from provrl.conformance.reference import Reference, new_version
+
+    ref = Reference(tiny)
+    ids = list(range(5, 17))
+    old = ref.logits(ids)
+    new = new_version(tiny, 1, 0.5, 0)
+    across = ref.logits_across(ids, 7, new)
+    fresh = ref.logits(ids)  # the reference now holds v1
+    assert torch.allclose(across[:7], old[:7], atol=1e-5)  # positions before the swap
+    assert not torch.allclose(across[7:], fresh[7:], atol=1e-3)  # stale KV: not fresh v1
+    assert not torch.allclose(across[7:], old[7:], atol=1e-3)
+    ref.load(tiny.model.state_dict())
+    same = ref.logits_across(ids, 7, tiny.model.state_dict())  # no change: a plain forward
+    assert torch.allclose(same, old, atol=1e-5)
+
+
+def test_swap_after_must_fall_inside_the_turn():
+    from provrl.conformance.config import ConformanceConfig
+
+    assert ConformanceConfig(turn_tokens=3).swap_point == 1
+    with pytest.raises(ValueError, match="swap_after < turn_tokens"):
+        ConformanceConfig(turn_tokens=4, swap_after=4)
 
 
 def test_a_skipped_tensor_fails_weights_naming_it(tiny, engine_on, small_cfg_conf):
