@@ -313,16 +313,18 @@ def hotload_checks(
     weight_errs: list[str] = []
     modes: dict[str, Any] = {}
     can_fp = callable(getattr(engine, "weights_fingerprint", None))
-    params = cfg.params(cfg.settings[-1], cfg.turn_tokens, cfg.seed)
+    params = cfg.params(cfg.stamps_setting, cfg.turn_tokens, cfg.seed)
     extra = prompt[-4:]  # non-action context between the turns
     worst_fresh = 0.0
+    boundary = 0  # tokens just past the recomputed cut (Reference.distance)
     for mode in cfg.modes:
         v = engine.version
         out1 = engine.submit(prompt, params).result()
         stamp_errs += _stamp_errors(out1, v, v, f"{mode}: turn 1 under v{v}")
         ids1 = prompt + out1.token_ids
-        fresh1 = ref.turn(ids1, len(prompt), params).logprob.numpy()
-        d1 = float(np.max(np.abs(out1.logprob - fresh1))) if out1.token_ids else 0.0
+        rows1 = ref.turn_logits(ids1, len(prompt))
+        diff1, b1 = ref.distance(out1.logprob, rows1, out1.token_ids, params, tol)
+        d1 = float(diff1.max()) if out1.token_ids else 0.0
         sd = new_version(lm, v + 1, cfg.perturb, cfg.seed)
         report = engine.load_weights(sd, v + 1, mode)  # type: ignore[arg-type]
         if (report.old_version, report.new_version, engine.version) != (v, v + 1, v + 1):
@@ -345,8 +347,10 @@ def hotload_checks(
         kv_lo = v if mode == "keep" else v + 1
         stamp_errs += _stamp_errors(out2, v + 1, kv_lo, f"{mode}: turn 2 after the swap")
         ids2 = ids1 + extra + out2.token_ids
-        fresh2 = ref.turn(ids2, len(ids1) + len(extra), params).logprob.numpy()
-        d2 = float(np.max(np.abs(out2.logprob - fresh2))) if out2.token_ids else 0.0
+        rows2 = ref.turn_logits(ids2, len(ids1) + len(extra))
+        diff2, b2 = ref.distance(out2.logprob, rows2, out2.token_ids, params, tol)
+        d2 = float(diff2.max()) if out2.token_ids else 0.0
+        boundary += b1 + b2 if mode != "keep" else b1
         if d1 > tol:
             stamp_errs.append(
                 f"{mode}: turn 1's log q differ from a recompute under its stamped v{v} by "
@@ -368,7 +372,7 @@ def hotload_checks(
         }
     midturn: dict[str, Any] = {}
     streams = streams_tokens(engine)
-    mid_params = cfg.params(cfg.settings[-1], cfg.turn_tokens, cfg.seed + 1)
+    mid_params = cfg.params(cfg.stamps_setting, cfg.turn_tokens, cfg.seed + 1)
     for mode in cfg.modes if streams else []:
         v = engine.version
         sd = new_version(lm, v + 1, cfg.perturb, cfg.seed)
@@ -378,6 +382,7 @@ def hotload_checks(
             what = f"mid-turn {mode}: after the hot-load to v{v + 1}"
             weight_errs += _weight_errors(engine, sd, what)
         worst_fresh = max(worst_fresh, mt.max_abs_logprob)
+        boundary += mt.boundary_misses
         midturn[mode] = mt.detail
     n_loads = len(cfg.modes) * (2 if streams else 1)
     weights = Check(
@@ -412,6 +417,7 @@ def hotload_checks(
         {
             "modes": modes,
             "midturn": midturn,
+            "boundary_misses": boundary,
             "note": f"{', '.join(cfg.modes)}: stamps as scheduled between turns and "
             f"{mid_note}, max |Δ log q| = {worst_fresh:.2g}",
         },

@@ -51,6 +51,11 @@ class ConformanceConfig(Section):
         default_factory=lambda: ["keep", "recompute", "drain"],
         description="Hot-load modes whose stamps are checked, one weight swap each.",
     )
+    stamps_setting: tuple[float, int, float] = Field(
+        (1.0, 20, 1.0),
+        description="(temperature, top_k, top_p) of the stamps check's turns: top-k, so a "
+        "token can fall inside one version's support and outside another's.",
+    )
     turn_tokens: int = Field(6, ge=2, description="Tokens per turn in the stamps check.")
     swap_after: int | None = Field(
         None,
@@ -68,12 +73,23 @@ class ConformanceConfig(Section):
     def _positive_temperature(
         cls, v: list[tuple[float, int, float]]
     ) -> list[tuple[float, int, float]]:
-        for t, k, p in v:
-            if not (t > 0 and k >= 0 and 0 < p <= 1):
-                raise ValueError(
-                    f"setting ({t}, {k}, {p}): need temperature > 0, top_k ≥ 0, top_p in (0, 1]"
-                )
+        for s in v:
+            cls._setting(s)
         return v
+
+    @field_validator("stamps_setting")
+    @classmethod
+    def _stamps_setting(cls, v: tuple[float, int, float]) -> tuple[float, int, float]:
+        return cls._setting(v)
+
+    @staticmethod
+    def _setting(s: tuple[float, int, float]) -> tuple[float, int, float]:
+        t, k, p = s
+        if not (t > 0 and k >= 0 and 0 < p <= 1):
+            raise ValueError(
+                f"setting ({t}, {k}, {p}): need temperature > 0, top_k ≥ 0, top_p in (0, 1]"
+            )
+        return s
 
     @field_validator("modes")
     @classmethod

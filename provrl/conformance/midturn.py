@@ -16,7 +16,8 @@ drain      v (s = T)            v                    v          fresh under v; t
 =========  ===================  ===================  =========  ==========================================
 
 each |log q_t − log q_ref| ≤ ε (the dtype's ``logprob_tol``), with q_ref the
-:class:`~provrl.conformance.reference.Reference`'s teacher-forced recompute. An engine with
+:class:`~provrl.conformance.reference.Reference`'s teacher-forced recompute (a token just
+past q_ref's top-k / top-p cut, by ≤ ε, is a boundary miss, as in ``teacher``). An engine with
 ``load_weights_async`` (:class:`~provrl.engine.LocalEngine`), called from the callback,
 swaps at that token boundary: s = N exactly. Any other engine is sent ``load_weights`` from a
 helper thread at the N-th token; s is then read from its stamps (s ≥ N; the log q still
@@ -138,6 +139,7 @@ class MidTurn:
 
     errors: list[str] = field(default_factory=list)
     max_abs_logprob: float = 0.0
+    boundary_misses: int = 0
     detail: dict[str, Any] = field(default_factory=dict)
 
 
@@ -214,21 +216,19 @@ def midturn_swap(
             f"{what}: {report.recomputed_tokens} tokens recomputed, the live request held {c}"
         )
     # the law of each token: fresh under v before the split; stale or fresh under v+1 after
-    ids = prompt + out.token_ids
-    fresh_old = ref.turn(ids, P, params).logprob.numpy()
+    ids, toks = prompt + out.token_ids, out.token_ids
+    rows = ref.turn_logits(ids, P)  # fresh under v
     stale = None
     if s < n and mode != "drain":
-        rows = ref.logits_across(ids[:-1], c, new)[P - 1 :]
-        stale = ref.behaviour(rows, ids[P:], params).logprob.numpy()
+        stale = ref.logits_across(ids[:-1], c, new)[P - 1 :]
     else:
         ref.load(new)
-    fresh_new = ref.turn(ids, P, params).logprob.numpy() if n else np.zeros(0)
-    want = fresh_old.copy()
+    fresh_new = ref.turn_logits(ids, P)
     after = np.arange(n) >= s
     if stale is not None:
-        want[after] = (stale if mode == "keep" else fresh_new)[after]
-    diff = np.abs(np.asarray(out.logprob, np.float64) - want)
-    diff[np.isnan(diff)] = np.inf
+        m = torch.from_numpy(after)
+        rows[m] = (stale if mode == "keep" else fresh_new)[m]
+    diff, res.boundary_misses = ref.distance(out.logprob, rows, toks, params, tol)
     law_after = {
         "keep": f"the recompute with KV positions < {c} under v{v} and the rest under v{v + 1}",
         "recompute": f"a fresh recompute under v{v + 1}: the KV was not recomputed",
@@ -245,7 +245,9 @@ def midturn_swap(
             )
     gap, flips = None, None
     if stale is not None:  # how far apart the stale and the fresh law are after the swap
-        a, b = stale[after], fresh_new[after]
+        sel = [t for t in range(n) if after[t]]
+        a = ref.behaviour(stale[sel], [toks[t] for t in sel], params).logprob.numpy()
+        b = ref.behaviour(fresh_new[sel], [toks[t] for t in sel], params).logprob.numpy()
         both = np.isfinite(a) & np.isfinite(b)
         gap = float(np.max(np.abs(a - b)[both])) if both.any() else 0.0
         flips = int(np.sum(np.isfinite(a) != np.isfinite(b)))
@@ -261,6 +263,7 @@ def midturn_swap(
         "max_abs_logprob": res.max_abs_logprob,
         "stale_fresh_gap": gap,
         "support_flips": flips,
+        "boundary_misses": res.boundary_misses,
         "recomputed_tokens": report.recomputed_tokens,
         "update_ms": report.update_ms,
     }
