@@ -24,8 +24,10 @@ helper thread at the N-th token; s is then read from its stamps (s ≥ N; the lo
 have to match the law of each token's stamped side of the split), and a swap that landed
 after the turn is reported as not exercised. Reported too, over the tokens t ≥ s: the gap
 max |log q_stale − log q_fresh| where both are finite, and the support flips (tokens inside
-one law's top-k / top-p support and outside the other's). Where the gap exceeds ε or a
-flip occurs, the log q alone tell keep from recompute.
+one law's top-k / top-p support and outside the other's), and ``other_law_distance``: the
+recorded log q's distance from the *other* mode's law (keep ↔ recompute), by the same rule.
+Where it exceeds ε, the check would have caught a keep that silently recomputed, or a
+recompute that silently kept the old KV, by the log q alone.
 """
 
 from __future__ import annotations
@@ -243,7 +245,7 @@ def midturn_swap(
                 f"{what}: token {t} ({side} the swap) has log q differing from {law} by "
                 f"{diff[t]:.3g} (tolerance {tol:g})"
             )
-    gap, flips = None, None
+    gap, flips, other = None, None, None
     if stale is not None:  # how far apart the stale and the fresh law are after the swap
         sel = [t for t in range(n) if after[t]]
         a = ref.behaviour(stale[sel], [toks[t] for t in sel], params).logprob.numpy()
@@ -251,6 +253,10 @@ def midturn_swap(
         both = np.isfinite(a) & np.isfinite(b)
         gap = float(np.max(np.abs(a - b)[both])) if both.any() else 0.0
         flips = int(np.sum(np.isfinite(a) != np.isfinite(b)))
+        # the recorded log q against the law of the other mode (keep ↔ recompute)
+        wrong = fresh_new if mode == "keep" else stale
+        lp = np.asarray(out.logprob)[sel]
+        other = float(ref.distance(lp, wrong[sel], [toks[t] for t in sel], params, tol)[0].max())
     res.max_abs_logprob = float(diff.max()) if n else 0.0
     res.detail = {
         "version": [v, v + 1],
@@ -263,6 +269,7 @@ def midturn_swap(
         "max_abs_logprob": res.max_abs_logprob,
         "stale_fresh_gap": gap,
         "support_flips": flips,
+        "other_law_distance": other,
         "boundary_misses": res.boundary_misses,
         "recomputed_tokens": report.recomputed_tokens,
         "update_ms": report.update_ms,

@@ -29,8 +29,7 @@ def test_the_local_engine_conforms(tiny, engine_on, small_cfg_conf, dtype):
     law = d["checks"][0]
     assert all(t["dof"] > 0 for t in law["tests"])  # both laws were really tested
     assert all(t["power"] > 0.5 for t in law["tests"])
-    # the mid-turn swap landed after exactly swap_point tokens (drain: after the turn), and
-    # the stale and fresh laws after it are far enough apart to tell keep from recompute
+    # the mid-turn swap landed after exactly swap_point tokens (drain: after the turn)
     mid = d["checks"][3]["midturn"]
     n, s = small_cfg_conf.turn_tokens, small_cfg_conf.swap_point
     assert {m: (x["split"], x["exact_split"]) for m, x in mid.items()} == {
@@ -38,9 +37,9 @@ def test_the_local_engine_conforms(tiny, engine_on, small_cfg_conf, dtype):
         "recompute": (s, True),
         "drain": (n, True),
     }
-    tol = small_cfg_conf.logprob_tol[dtype]
-    for m in ("keep", "recompute"):
-        assert mid[m]["stale_fresh_gap"] > tol or mid[m]["support_flips"] > 0, mid[m]
+    if dtype == "float32":  # the log q alone would catch keep and recompute swapped
+        tol = small_cfg_conf.logprob_tol[dtype]
+        assert all(float(mid[m]["other_law_distance"]) > tol for m in ("keep", "recompute")), mid
 
 
 @pytest.mark.parametrize(
