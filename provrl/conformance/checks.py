@@ -20,7 +20,12 @@ r"""The four checks of ``provrl conformance``, each against any :class:`~provrl.
              turn 1 stamped (v, kv v…v); the report says v → v+1 with the request alive;
              turn 2 stamped v+1 with kv_min = v (keep) or v+1 (recompute, drain), and its
              log q equal to a fresh recompute under v+1 (recompute, drain: the KV really
-             was recomputed), turn 1's to one under v.
+             was recomputed), turn 1's to one under v. Then one request per mode across
+             a swap published after the ``swap_after``-th token of a turn
+             (:mod:`provrl.conformance.midturn`): each token's version and KV span as
+             the mode implies, its log q equal to the recompute under that version with
+             that KV (stale under keep, fresh under recompute; drain finishes the turn
+             under v).
 
 Each check is a :class:`Check`; its ``error`` is one line naming what failed and by how much.
 """
@@ -36,6 +41,7 @@ import numpy as np
 
 from provrl.conformance import stats as st
 from provrl.conformance.config import ConformanceConfig
+from provrl.conformance.midturn import midturn_swap, streams_tokens
 from provrl.conformance.reference import Reference, new_version
 from provrl.engine.api import Engine, TurnOutput
 from provrl.engine.fingerprint import fingerprint, mismatches
@@ -281,6 +287,16 @@ def _stamp_errors(out: TurnOutput, version: int, kv_min: int, what: str) -> list
     return errs
 
 
+def _weight_errors(engine: Engine, sd: dict[str, Any], what: str) -> list[str]:
+    """The tensors whose fingerprint after a hot-load differs from the published ``sd``'s."""
+    got = engine.weights_fingerprint()  # type: ignore[attr-defined]
+    dtype = getattr(engine, "weights_dtype", None)
+    bad = mismatches(fingerprint(sd, dtype, names=set(got)), got)
+    if not bad:
+        return []
+    return [f"{what}, {len(bad)} tensor(s) differ from the published weights, e.g. {bad[0]}"]
+
+
 def hotload_checks(
     engine: Engine,
     lm: LoadedModel,
@@ -289,23 +305,26 @@ def hotload_checks(
     cfg: ConformanceConfig,
     tol: float,
 ) -> tuple[Check, Check]:
-    """The ``weights`` and ``stamps`` checks: one swap per mode of ``cfg.modes``, each
-    between the two turns of one live request (module docstring). Leaves the engine and
-    ``ref`` at the last published version."""
+    """The ``weights`` and ``stamps`` checks: per mode of ``cfg.modes``, one swap between
+    the two turns of a live request, then one in the middle of a turn
+    (:mod:`provrl.conformance.midturn`); every swap fingerprinted (module docstring).
+    Leaves the engine and ``ref`` at the last published version."""
     stamp_errs: list[str] = []
     weight_errs: list[str] = []
     modes: dict[str, Any] = {}
     can_fp = callable(getattr(engine, "weights_fingerprint", None))
-    params = cfg.params(cfg.settings[-1], cfg.turn_tokens, cfg.seed)
+    params = cfg.params(cfg.stamps_setting, cfg.turn_tokens, cfg.seed)
     extra = prompt[-4:]  # non-action context between the turns
     worst_fresh = 0.0
+    boundary = 0  # tokens just past the recomputed cut (Reference.distance)
     for mode in cfg.modes:
         v = engine.version
         out1 = engine.submit(prompt, params).result()
         stamp_errs += _stamp_errors(out1, v, v, f"{mode}: turn 1 under v{v}")
         ids1 = prompt + out1.token_ids
-        fresh1 = ref.turn(ids1, len(prompt), params).logprob.numpy()
-        d1 = float(np.max(np.abs(out1.logprob - fresh1))) if out1.token_ids else 0.0
+        rows1 = ref.turn_logits(ids1, len(prompt))
+        diff1, b1 = ref.distance(out1.logprob, rows1, out1.token_ids, params, tol)
+        d1 = float(diff1.max()) if out1.token_ids else 0.0
         sd = new_version(lm, v + 1, cfg.perturb, cfg.seed)
         report = engine.load_weights(sd, v + 1, mode)  # type: ignore[arg-type]
         if (report.old_version, report.new_version, engine.version) != (v, v + 1, v + 1):
@@ -321,22 +340,17 @@ def hotload_checks(
                 f"holds {len(ids1) - 1}"
             )
         if can_fp:
-            got = engine.weights_fingerprint()  # type: ignore[attr-defined]
-            dtype = getattr(engine, "weights_dtype", None)
-            bad = mismatches(fingerprint(sd, dtype, names=set(got)), got)
-            if bad:
-                weight_errs.append(
-                    f"{mode}: after the hot-load to v{v + 1}, {len(bad)} tensor(s) differ from "
-                    f"the published weights, e.g. {bad[0]}"
-                )
+            weight_errs += _weight_errors(engine, sd, f"{mode}: after the hot-load to v{v + 1}")
         ref.load(sd)
         out2 = engine.submit_continue(out1.request_id, extra, params).result()
         engine.release(out1.request_id)
         kv_lo = v if mode == "keep" else v + 1
         stamp_errs += _stamp_errors(out2, v + 1, kv_lo, f"{mode}: turn 2 after the swap")
         ids2 = ids1 + extra + out2.token_ids
-        fresh2 = ref.turn(ids2, len(ids1) + len(extra), params).logprob.numpy()
-        d2 = float(np.max(np.abs(out2.logprob - fresh2))) if out2.token_ids else 0.0
+        rows2 = ref.turn_logits(ids2, len(ids1) + len(extra))
+        diff2, b2 = ref.distance(out2.logprob, rows2, out2.token_ids, params, tol)
+        d2 = float(diff2.max()) if out2.token_ids else 0.0
+        boundary += b1 + b2 if mode != "keep" else b1
         if d1 > tol:
             stamp_errs.append(
                 f"{mode}: turn 1's log q differ from a recompute under its stamped v{v} by "
@@ -356,6 +370,21 @@ def hotload_checks(
             "recomputed_tokens": report.recomputed_tokens,
             "update_ms": report.update_ms,
         }
+    midturn: dict[str, Any] = {}
+    streams = streams_tokens(engine)
+    mid_params = cfg.params(cfg.stamps_setting, cfg.turn_tokens, cfg.seed + 1)
+    for mode in cfg.modes if streams else []:
+        v = engine.version
+        sd = new_version(lm, v + 1, cfg.perturb, cfg.seed)
+        mt = midturn_swap(engine, ref, prompt, mid_params, mode, sd, cfg.swap_point, tol)
+        stamp_errs += mt.errors
+        if can_fp:
+            what = f"mid-turn {mode}: after the hot-load to v{v + 1}"
+            weight_errs += _weight_errors(engine, sd, what)
+        worst_fresh = max(worst_fresh, mt.max_abs_logprob)
+        boundary += mt.boundary_misses
+        midturn[mode] = mt.detail
+    n_loads = len(cfg.modes) * (2 if streams else 1)
     weights = Check(
         "weights",
         not weight_errs,
@@ -363,11 +392,22 @@ def hotload_checks(
         None,
         "; ".join(weight_errs) or None,
         {
-            "note": f"{len(cfg.modes)} hot-loads fingerprinted"
+            "note": f"{n_loads} hot-loads fingerprinted"
             if can_fp
             else "skipped: this engine cannot fingerprint its weights"
         },
     )
+    exact = all(d["exact_split"] for d in midturn.values())
+    if not streams:
+        mid_note = "mid-turn skipped: this engine's submit takes no on_token"
+    elif not all(d["exercised"] for d in midturn.values()):
+        late = [m for m, d in midturn.items() if not d["exercised"]]
+        mid_note = f"mid-turn not exercised in {', '.join(late)}: the swap landed after the turn"
+    else:
+        mid_note = (
+            f"mid-turn after token {cfg.swap_point} of {cfg.turn_tokens}"
+            f"{'' if exact else ' (split read from the stamps)'}"
+        )
     stamps = Check(
         "stamps",
         not stamp_errs,
@@ -376,7 +416,10 @@ def hotload_checks(
         "; ".join(stamp_errs) or None,
         {
             "modes": modes,
-            "note": f"{', '.join(cfg.modes)}: stamps as scheduled, max |Δ log q| = {worst_fresh:.2g}",
+            "midturn": midturn,
+            "boundary_misses": boundary,
+            "note": f"{', '.join(cfg.modes)}: stamps as scheduled between turns and "
+            f"{mid_note}, max |Δ log q| = {worst_fresh:.2g}",
         },
     )
     return weights, stamps

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from pydantic import Field, field_validator
+from pydantic import Field, field_validator, model_validator
 
 from provrl.config import Section
 from provrl.provenance import SamplingParams
@@ -51,7 +51,18 @@ class ConformanceConfig(Section):
         default_factory=lambda: ["keep", "recompute", "drain"],
         description="Hot-load modes whose stamps are checked, one weight swap each.",
     )
-    turn_tokens: int = Field(6, ge=1, description="Tokens per turn in the stamps check.")
+    stamps_setting: tuple[float, int, float] = Field(
+        (1.0, 20, 1.0),
+        description="(temperature, top_k, top_p) of the stamps check's turns: top-k, so a "
+        "token can fall inside one version's support and outside another's.",
+    )
+    turn_tokens: int = Field(6, ge=2, description="Tokens per turn in the stamps check.")
+    swap_after: int | None = Field(
+        None,
+        ge=1,
+        description="The stamps check's mid-turn swap is published right after this many "
+        "tokens of a turn (< turn_tokens; None: turn_tokens // 2).",
+    )
     perturb: float = Field(
         0.5, gt=0.0, description="Each new version adds perturb·std·N(0, 1) to every tensor."
     )
@@ -62,12 +73,23 @@ class ConformanceConfig(Section):
     def _positive_temperature(
         cls, v: list[tuple[float, int, float]]
     ) -> list[tuple[float, int, float]]:
-        for t, k, p in v:
-            if not (t > 0 and k >= 0 and 0 < p <= 1):
-                raise ValueError(
-                    f"setting ({t}, {k}, {p}): need temperature > 0, top_k ≥ 0, top_p in (0, 1]"
-                )
+        for s in v:
+            cls._setting(s)
         return v
+
+    @field_validator("stamps_setting")
+    @classmethod
+    def _stamps_setting(cls, v: tuple[float, int, float]) -> tuple[float, int, float]:
+        return cls._setting(v)
+
+    @staticmethod
+    def _setting(s: tuple[float, int, float]) -> tuple[float, int, float]:
+        t, k, p = s
+        if not (t > 0 and k >= 0 and 0 < p <= 1):
+            raise ValueError(
+                f"setting ({t}, {k}, {p}): need temperature > 0, top_k ≥ 0, top_p in (0, 1]"
+            )
+        return s
 
     @field_validator("modes")
     @classmethod
@@ -76,6 +98,20 @@ class ConformanceConfig(Section):
         if bad:
             raise ValueError(f"modes {bad}: each must be keep, recompute or drain")
         return v
+
+    @model_validator(mode="after")
+    def _swap_inside_turn(self) -> ConformanceConfig:
+        if self.swap_after is not None and self.swap_after >= self.turn_tokens:
+            raise ValueError(
+                f"swap_after = {self.swap_after}: the mid-turn swap must land inside a turn of "
+                f"turn_tokens = {self.turn_tokens} tokens (swap_after < turn_tokens)"
+            )
+        return self
+
+    @property
+    def swap_point(self) -> int:
+        """Tokens of a turn sampled before the mid-turn swap (``swap_after`` resolved)."""
+        return self.swap_after if self.swap_after is not None else self.turn_tokens // 2
 
     def params(self, setting: tuple[float, int, float], n: int, seed: int) -> SamplingParams:
         """The sampling parameters of one draw of ``n`` tokens under ``setting``."""

@@ -11,9 +11,11 @@ definition of q).
 from __future__ import annotations
 
 import copy
+import inspect
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+import numpy as np
 import torch
 
 from provrl.engine.sampling import Sampled, behaviour_logprob
@@ -41,6 +43,24 @@ class Reference:
         ids[t + 1]."""
         x = torch.tensor([list(ids)], device=self.model.device)
         return self.model(input_ids=x).logits[0].float().cpu()
+
+    @torch.no_grad()
+    def logits_across(
+        self, ids: Sequence[int], cached: int, new: Mapping[str, torch.Tensor]
+    ) -> torch.Tensor:
+        """Float32 logits [T, V] of ``ids`` across a keep-mode swap: the keys and values of
+        positions < ``cached`` computed under the weights held now and kept, the positions
+        from ``cached`` on fed under ``new`` (loaded here, and held after) and attending to
+        that stale cache. Row t predicts ids[t + 1]."""
+        if not 0 < cached < len(ids):
+            raise ValueError(f"logits_across: cached = {cached} not in (0, {len(ids)})")
+        x = torch.tensor([list(ids)], device=self.model.device)
+        # transformers renamed past_key_values to cache (5.2x): pass it under this one's name
+        name = "cache" if "cache" in inspect.signature(self.model.forward).parameters else "past_key_values"  # fmt: skip
+        before = self.model(input_ids=x[:, :cached], use_cache=True)
+        self.load(new)
+        after = self.model(input_ids=x[:, cached:], use_cache=True, **{name: before[name]})
+        return torch.cat([before.logits[0], after.logits[0]]).float().cpu()
 
     def behaviour(
         self, rows: torch.Tensor, tokens: Sequence[int], params: SamplingParams
@@ -86,8 +106,32 @@ class Reference:
 
     def turn(self, ids: Sequence[int], start: int, params: SamplingParams) -> Sampled:
         """The recompute of the sampled tokens ``ids[start:]`` given ``ids[:start]``."""
-        logits = self.logits(ids[:-1])
-        return self.behaviour(logits[start - 1 :], ids[start:], params)
+        return self.behaviour(self.turn_logits(ids, start), ids[start:], params)
+
+    def turn_logits(self, ids: Sequence[int], start: int) -> torch.Tensor:
+        """The logits rows [len(ids) − start, V] that predict ``ids[start:]``."""
+        return self.logits(ids[:-1])[start - 1 :]
+
+    def distance(
+        self,
+        recorded: np.ndarray,
+        rows: torch.Tensor,
+        tokens: Sequence[int],
+        params: SamplingParams,
+        tol: float,
+    ) -> tuple[np.ndarray, int]:
+        """(|recorded log q [n] − log q_ref| per token [n], boundary misses): q_ref the law of
+        ``rows`` [n, V] under ``params``. A token outside the recomputed support by at most
+        ``tol`` (:meth:`boundary_margin`: a near-tie at the cut that another dtype rounds
+        the other way) counts as a boundary miss at distance 0; farther out, ∞."""
+        ref = self.behaviour(rows, tokens, params).logprob.double().numpy()
+        d = np.abs(np.asarray(recorded, np.float64) - ref)
+        d[np.isnan(d)] = np.inf
+        misses = 0
+        for t in np.flatnonzero(~np.isfinite(ref)).tolist():
+            if self.boundary_margin(rows[t], int(tokens[t]), params) <= tol:
+                d[t], misses = 0.0, misses + 1
+        return d, misses
 
 
 def new_version(lm: LoadedModel, version: int, scale: float, seed: int) -> dict[str, torch.Tensor]:

@@ -7,7 +7,8 @@
     law       = G-tests of the tested draws, Holm over (prompt, setting)
     teacher   = the draws' recorded log q, kept mass vs the trainer's recompute
     weights,
-    stamps    = one swap per hot-load mode between the two turns of a live request
+    stamps    = per hot-load mode, one swap between the two turns of a live request
+                and one after the swap_after-th token of a turn (midturn.py)
 
 The engine must serve ``lm``'s weights as its current version (what ``make_engine(lm)``
 builds); the run publishes new versions to it, so use an engine built for the check.

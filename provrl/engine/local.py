@@ -214,7 +214,28 @@ class LocalEngine:
         The file is read and every key and shape checked in the caller's thread; the
         scheduler then swaps between two steps (``keep``, ``recompute``) or after the
         in-flight turns finish (``drain``): :mod:`provrl.engine.hotload`. No token is ever
-        sampled from a mix of versions: the copy happens while no step runs."""
+        sampled from a mix of versions: the copy happens while no step runs. Blocks until
+        the swap is done; :meth:`load_weights_async` returns at once."""
+        if threading.current_thread() is self._thread:
+            raise EngineError(
+                "load_weights: called on the scheduler thread (an on_token callback), where it "
+                "would wait for itself; call load_weights_async there"
+            )
+        return self.load_weights_async(weights, version, mode).result()
+
+    def load_weights_async(
+        self,
+        weights: Mapping[str, Any] | str | os.PathLike[str],
+        version: int,
+        mode: HotLoadMode = "keep",
+    ) -> Future[HotLoadReport]:
+        """Queue the swap of :meth:`load_weights` and return its future at once.
+
+        Called from an ``on_token`` callback (the scheduler thread, between the sampling of
+        a token and the next step) the swap lands at that token boundary: in ``keep`` and
+        ``recompute`` mode every token sampled after the callback is sampled under
+        ``version``, every one before under the old version — a swap in the middle of a turn,
+        exactly where the caller chose (``provrl conformance``'s ``stamps`` check)."""
         if mode not in ("keep", "recompute", "drain"):
             raise EngineError(f"load_weights: mode {mode!r} is not keep, recompute or drain")
         t_call = time.perf_counter()
@@ -231,7 +252,7 @@ class LocalEngine:
             alive = len(self._sched.requests)  # generating, queued or between turns
             self._hotloads.append(HotLoad(pairs, int(version), mode, fut, t_call, alive))
             self._cv.notify_all()
-        return fut.result()
+        return fut
 
     def stats(self) -> dict[str, float]:
         """The counters (:class:`~provrl.engine.scheduler.EngineCounters`) and gauges."""

@@ -2,16 +2,20 @@
 
 Faults in the sampler's reported numbers replace ``provrl.engine.local.sample`` (the
 function the scheduler thread calls each step) for one test (the ``plant_sampler``
-fixture); faults in versions and weights wrap or subclass :class:`LocalEngine`."""
+fixture); faults in versions and weights wrap or subclass :class:`LocalEngine`; a recompute
+that recomputes nothing replaces ``provrl.engine.hotload.recompute_steps``."""
 
 from __future__ import annotations
 
+import dataclasses
+from collections.abc import Callable, Iterator
 from concurrent.futures import Future
 from typing import Any
 
+import numpy as np
 import torch
 
-from provrl.engine import LocalEngine
+from provrl.engine import LocalEngine, TurnOutput
 from provrl.engine import sampling as S
 
 
@@ -48,8 +52,27 @@ def untempered_kept_mass(logits, temperature, top_k, top_p, u) -> S.Sampled:
 
 
 # ----------------------------------------------------------------------------- version faults
-class OffByOneStamps:
-    """A LocalEngine that, once it has hot-loaded, stamps each token one version too old."""
+def mapped(fut: Future, fn: Callable[[Any], Any]) -> Future:
+    """A future that resolves with ``fn(result)`` of ``fut`` (or its exception)."""
+    out: Future = Future()
+
+    def done(f: Future) -> None:
+        try:
+            r = fn(f.result())
+        except BaseException as e:
+            out.set_exception(e)
+            return
+        out.set_result(r)
+
+    fut.add_done_callback(done)
+    return out
+
+
+class Wrapped:
+    """A LocalEngine seen through the bare ``Engine`` interface plus ``on_token`` and the
+    fingerprint: no ``load_weights_async``, so the stamps check's mid-turn swap is sent from
+    a helper thread and lands where it lands (the split is read from the stamps). Honest
+    itself; subclasses plant faults in :meth:`restamp`."""
 
     def __init__(self, inner: LocalEngine) -> None:
         self.inner = inner
@@ -63,27 +86,14 @@ class OffByOneStamps:
     def weights_dtype(self) -> torch.dtype:
         return self.inner.weights_dtype
 
-    def _fix(self, fut: Future) -> Future:
-        out: Future = Future()
-
-        def done(f: Future) -> None:
-            try:
-                r = f.result()
-            except BaseException as e:
-                out.set_exception(e)
-                return
-            if self.loads:
-                r.version = r.version - 1
-            out.set_result(r)
-
-        fut.add_done_callback(done)
+    def restamp(self, out: TurnOutput) -> TurnOutput:
         return out
 
     def submit(self, *a: Any, **k: Any) -> Future:
-        return self._fix(self.inner.submit(*a, **k))
+        return mapped(self.inner.submit(*a, **k), self.restamp)
 
     def submit_continue(self, *a: Any, **k: Any) -> Future:
-        return self._fix(self.inner.submit_continue(*a, **k))
+        return mapped(self.inner.submit_continue(*a, **k), self.restamp)
 
     def load_weights(self, *a: Any, **k: Any) -> Any:
         self.loads += 1
@@ -103,6 +113,51 @@ class OffByOneStamps:
 
     def close(self) -> None:
         self.inner.close()
+
+
+class OffByOneStamps(Wrapped):
+    """A LocalEngine that, once it has hot-loaded, stamps each token one version too old."""
+
+    def restamp(self, out: TurnOutput) -> TurnOutput:
+        if self.loads:
+            out.version = out.version - 1
+        return out
+
+
+class TurnStartStamps(LocalEngine):
+    """A LocalEngine that stamps every token of a turn with the version and KV span of the
+    turn's first token: right whenever a turn runs under one version, wrong for the tokens
+    after a swap in the middle of the turn."""
+
+    @staticmethod
+    def restamp(out: TurnOutput) -> TurnOutput:
+        if out.token_ids:
+            out.version = np.full_like(out.version, out.version[0])
+            out.kv_max = out.version.copy()
+            out.kv_min = np.full_like(out.kv_min, out.kv_min[0])
+        return out
+
+    def submit(self, *a: Any, **k: Any) -> Future:
+        return mapped(super().submit(*a, **k), self.restamp)
+
+    def submit_continue(self, *a: Any, **k: Any) -> Future:
+        return mapped(super().submit_continue(*a, **k), self.restamp)
+
+
+class KeepWaitsForTheTurn(LocalEngine):
+    """A LocalEngine whose ``keep`` hot-load waits for the in-flight turns to finish and
+    resets the caches (a drain), while reporting ``keep``: no turn ever spans two versions."""
+
+    def load_weights_async(self, weights: Any, version: int, mode: Any = "keep") -> Future:
+        fut = super().load_weights_async(weights, version, "drain" if mode == "keep" else mode)
+        return mapped(fut, lambda r: dataclasses.replace(r, mode=mode))
+
+
+def no_recompute(sched: Any) -> Iterator[Any]:
+    """``provrl.engine.hotload.recompute_steps`` that re-prefills nothing: a ``recompute``
+    hot-load still stamps kv_min = the new version and counts the tokens, but every KV it
+    claims to have recomputed is the old version's."""
+    return iter(())
 
 
 SKIPPED = "model.layers.1.mlp.down_proj.weight"

@@ -337,3 +337,29 @@ def test_top_p_reaches_the_sampler_and_the_audit_in_float64(
     assert seen["sample"] and seen["audit"]
     for top_p in seen["sample"] + seen["audit"]:
         assert top_p.dtype == torch.float64 and bool((top_p == 0.9).all())
+
+
+@pytest.mark.parametrize("mode", ["keep", "recompute", "drain"])
+def test_load_weights_async_from_on_token_swaps_at_that_token(make_engine, tiny, prompts, helpers, mode):  # fmt: skip
+    """Called on the scheduler thread after the 5th token, the swap lands right there:
+    tokens 0-4 under v0 and the rest under v1 (keep, recompute); drain finishes the turn."""
+    eng = make_engine(eos_stops=False)
+    new = helpers.perturbed(tiny, 0.05, seed=1)
+    got: list = []
+    refused: list = []
+
+    def on_token(rid: str, tok: int) -> None:
+        got.append(tok)
+        if len(got) == 5:
+            with pytest.raises(EngineError, match="load_weights_async"):
+                eng.load_weights(new, version=1, mode=mode)  # would wait for itself
+            refused.append(True)
+            got.append(eng.load_weights_async(new, version=1, mode=mode))
+
+    out = eng.submit(prompts[0], SamplingParams(max_new_tokens=12, seed=3), on_token=on_token).result(timeout=120)  # fmt: skip
+    rep = got[5].result(timeout=120)
+    assert refused and (rep.mode, rep.new_version, eng.version) == (mode, 1, 1)
+    split = 12 if mode == "drain" else 5
+    assert out.version.tolist() == [0] * split + [1] * (12 - split)
+    kv_min = out.version.tolist() if mode == "recompute" else [0] * 12
+    assert out.kv_min.tolist() == kv_min
