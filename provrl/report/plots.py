@@ -72,3 +72,62 @@ def plot_eval(summary: Mapping[str, Any], path: str | os.PathLike[str]) -> Path:
     fig.savefig(path)
     plt.close(fig)
     return path
+
+
+Series = tuple[str, Sequence[float], Sequence[float]]
+"""A labelled line: (label, x, y); a NaN y leaves a gap."""
+
+
+def plot_panels(
+    panels: Sequence[tuple[str, str, Sequence[Series]]],
+    path: str | os.PathLike[str],
+    *,
+    xlabel: str,
+    cols: int = 3,
+    title: str = "",
+) -> Path:
+    """A grid of small line plots: each panel is (title, y label, lines). A panel whose
+    lines hold no finite value says "not logged" instead of drawing empty axes; the y label
+    ``share`` fixes the axis to [0, 1]; with few x values every one is a tick."""
+    plt = _pyplot()
+    from matplotlib.ticker import MaxNLocator
+
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    rows = -(-len(panels) // cols)
+    fig, axes = plt.subplots(rows, cols, figsize=(4 * cols, 3 * rows), dpi=110, squeeze=False)
+    for ax, (name, ylabel, lines) in zip(axes.flat, panels, strict=False):
+        ticks: set[float] = set()
+        drawn = 0
+        for label, xs, ys in lines:
+            x, y = np.asarray(xs, dtype=float), np.asarray(ys, dtype=float)
+            if len(y) and np.isfinite(y).any():
+                ax.plot(x, y, marker="o", ms=3, label=label)
+                ticks |= set(x.tolist())
+                drawn += 1
+        ax.set_title(name, fontsize=10)
+        if not drawn:
+            ax.text(0.5, 0.5, "not logged", ha="center", va="center", transform=ax.transAxes)
+            ax.set_xticks([])
+            ax.set_yticks([])
+            continue
+        if drawn > 1:
+            ax.legend(fontsize=7)
+        if ylabel == "share":
+            ax.set_ylim(-0.02, 1.02)
+        ax.ticklabel_format(axis="y", useOffset=False)  # a flat curve: its value, not "1e-6+10.79"
+        ax.set_ylabel(ylabel)
+        ax.set_xlabel(xlabel)
+        ax.grid(alpha=0.3)
+        if len(ticks) <= 12:  # few steps: one tick each
+            ax.set_xticks(sorted(ticks))
+        else:  # steps and versions are whole numbers
+            ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+    for ax in list(axes.flat)[len(panels) :]:
+        ax.axis("off")
+    if title:
+        fig.suptitle(title, fontsize=10)
+    fig.tight_layout()
+    fig.savefig(path)
+    plt.close(fig)
+    return path
