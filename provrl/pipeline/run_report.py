@@ -79,13 +79,14 @@ def write_report(run_dir: str | Path) -> Path:
             "tokens / episode | answered | tasks × k |",
             "| --- | --- | --- | --- | --- | --- | --- | --- | --- |",
         ]
+        oracle = _num(ev[names[0]].get("mean_min_searches")) > 0  # plain QA tasks: no plan
         for n in names:
             e = ev[n]
             md.append(
                 f"| {n} | {_f(e['accuracy'])} ± {_f(e.get('accuracy_se'))} ± "
                 f"{_f(e.get('accuracy_se_tasks'))} | "
                 f"{_f(e.get('mean_tool_calls_solved'), '.2f')} | "
-                f"{_f(e.get('oracle_min_tool_calls_solved'), '.2f')} | "
+                f"{_f(e.get('oracle_min_tool_calls_solved') if oracle else None, '.2f')} | "
                 f"{_f(e.get('excess_tool_calls_solved'), '+.0%')} | "
                 f"{_f(e['mean_tool_calls'], '.2f')} | {_f(e['mean_tokens'], '.0f')} | "
                 f"{_f(e['answered_rate'], '.2f')} | {e['n']} × {e['k']} |"
@@ -93,7 +94,11 @@ def write_report(run_dir: str | Path) -> Path:
         first = ev[names[0]]
         md += [
             "",
-            f"Oracle minimum tool calls per task: {_f(first['mean_min_searches'], '.2f')}."
+            (
+                f"Oracle minimum tool calls per task: {_f(first['mean_min_searches'], '.2f')}."
+                if oracle
+                else "Your tasks have no oracle plan: the oracle columns are empty."
+            )
             + (
                 " –: no such number (tool calls per solved task when nothing was solved)."
                 if any(not math.isfinite(_num(ev[n].get("mean_tool_calls_solved"))) for n in names)
@@ -565,7 +570,7 @@ def _plot_eval(ev: dict[str, Any], names: list[str], out: Path) -> Path:
     for xi, c in zip(x, calls, strict=True):
         if not math.isfinite(c):
             a2.text(xi, top * 0.04, "none\nsolved", ha="center", va="bottom", fontsize=8)
-    if math.isfinite(oracle):
+    if oracle > 0:  # tasks with an oracle plan (the world's; plain QA tasks have none)
         a2.axhline(oracle, color="k", ls="--", lw=1, label="oracle min")
         a2.legend(fontsize=8)
     a2.set_xticks(x, names)
