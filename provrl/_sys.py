@@ -20,9 +20,15 @@ import errno
 import gc
 import hashlib
 import json
+import math
+import numbers
 import os
+import platform
 import re
+import subprocess
+import sys
 import tempfile
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -112,10 +118,32 @@ def writing(
         raise WriteError(code, os.strerror(code), name) from e
 
 
+def finite_json(obj: Any) -> Any:
+    """``obj`` with every non-finite float (NaN, ±inf, numpy's too) as ``None``, in dicts,
+    lists and tuples at any depth: what strict JSON (RFC 8259) can hold. A statistic that
+    does not exist — tool calls per solved task when nothing was solved — is ``null``, not
+    ``NaN``, which ``JSON.parse``, ``jq`` and most parsers outside Python refuse."""
+    if isinstance(obj, numbers.Integral) and not isinstance(obj, bool):
+        return int(obj)  # numpy's integers too
+    if isinstance(obj, numbers.Real) and not isinstance(obj, numbers.Integral):
+        return float(obj) if math.isfinite(obj) else None  # numpy's floats are Reals too
+    if isinstance(obj, dict):
+        return {k: finite_json(v) for k, v in obj.items()}
+    if isinstance(obj, list | tuple):
+        return [finite_json(v) for v in obj]
+    return obj
+
+
+def strict_dumps(obj: Any, **kw: Any) -> str:
+    """``json.dumps`` of :func:`finite_json` (``obj``) with ``allow_nan=False``: strict JSON."""
+    return json.dumps(finite_json(obj), allow_nan=False, **kw)
+
+
 def write_json(path: Path, obj: Any) -> None:
-    """Write ``obj`` as JSON to ``path`` atomically (temp file + fsync + rename); a failed
-    write removes the temporary file and raises :class:`WriteError` naming ``path``."""
-    write_atomic(path, json.dumps(obj, indent=2, default=str).encode())
+    """Write ``obj`` as strict JSON (:func:`strict_dumps`: NaN and ±inf as ``null``) to
+    ``path`` atomically (temp file + fsync + rename); a failed write removes the temporary
+    file and raises :class:`WriteError` naming ``path``."""
+    write_atomic(path, strict_dumps(obj, indent=2, default=str).encode())
 
 
 def write_atomic(path: Path, data: bytes) -> None:
@@ -180,3 +208,71 @@ def release_memory() -> None:
 def rss_mb() -> float:
     """Resident memory of this process in MiB (a leak across RL steps shows here)."""
     return float(psutil.Process().memory_info().rss) / 2**20
+
+
+# ------------------------------------------------------------------ what ran it
+CODE_PATHS = ("provrl", "benchmarks", "configs", "pyproject.toml")
+"""What a measurement depends on: ``dirty`` means one of these differs from the commit
+(edited docs do not make a measurement dirty)."""
+
+
+def git_state(cwd: str | os.PathLike[str] | None = None) -> tuple[str, bool]:
+    """(HEAD's commit, whether tracked files under :data:`CODE_PATHS` differ from it);
+    ("unknown", False) outside a git checkout."""
+    where = Path(cwd) if cwd else Path(__file__).parent
+    try:
+        head = subprocess.run(["git", "rev-parse", "HEAD"], cwd=where, capture_output=True,
+                              text=True, check=True).stdout.strip()  # fmt: skip
+        top = subprocess.run(["git", "rev-parse", "--show-toplevel"], cwd=where,
+                             capture_output=True, text=True, check=True).stdout.strip()  # fmt: skip
+        status = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no", "--",
+                                 *CODE_PATHS], cwd=top, capture_output=True, text=True,
+                                check=True).stdout  # fmt: skip
+    except (OSError, subprocess.CalledProcessError):
+        return "unknown", False
+    return head, bool(status.strip())
+
+
+def cpu_model() -> str:
+    """The CPU's model name (``/proc/cpuinfo``; the platform's processor string elsewhere)."""
+    with contextlib.suppress(OSError):
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    return platform.processor() or "unknown"
+
+
+def machine() -> dict[str, Any]:
+    """What ran it: CPUs (count and model), memory, the 1-minute load average, platform,
+    Python, and — when torch is loaded — its version, threads and CUDA devices."""
+    out: dict[str, Any] = {
+        "cpus": os.cpu_count(),
+        "cpu_model": cpu_model(),
+        "memory_gib": round(psutil.virtual_memory().total / 2**30, 1),
+        "load_average_1m": os.getloadavg()[0],
+        "platform": platform.platform(),
+        "python": platform.python_version(),
+    }
+    torch = sys.modules.get("torch")
+    if torch is not None:
+        out["torch"] = torch.__version__
+        out["torch_threads"] = torch.get_num_threads()
+        if torch.cuda.is_available():
+            out["gpus"] = [
+                f"{torch.cuda.get_device_name(i)} "
+                f"({torch.cuda.get_device_properties(i).total_memory / 2**30:.0f} GiB)"
+                for i in range(torch.cuda.device_count())
+            ]
+    return out
+
+
+def session_record(command: list[str] | None = None) -> dict[str, Any]:
+    """Who is running now: commit (and ``dirty``), date, machine and command line."""
+    commit, dirty = git_state()
+    return {
+        "commit": commit,
+        "dirty": dirty,
+        "date": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+        "machine": machine(),
+        "command": list(command if command is not None else sys.argv),
+    }

@@ -37,15 +37,18 @@ from __future__ import annotations
 
 import json
 import os
-import platform
 import re
-import subprocess
 import sys
 import time
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+
+# what ran it, as run directories record it (re-exported: their home is provrl._sys)
+from provrl._sys import CODE_PATHS as CODE_PATHS
+from provrl._sys import git_state as git_state
+from provrl._sys import machine as machine
 
 REQUIRED = ("benchmark", "commit", "date", "machine")
 """Keys every results file holds (besides its config and seeds, see :func:`check_record`)."""
@@ -74,43 +77,6 @@ UNIT = re.compile(r"(?:%|×|x|s|ms|min|h|µs|tok/s|tokens/s|MB|MiB|GB|GiB|GFLOP/
 
 
 # ----------------------------------------------------------------------------- writing
-CODE_PATHS = ("provrl", "benchmarks", "configs", "pyproject.toml")
-"""What a measurement depends on: ``dirty`` means one of these differs from the commit
-(edited docs do not make a measurement dirty)."""
-
-
-def git_state(cwd: str | os.PathLike[str] | None = None) -> tuple[str, bool]:
-    """(HEAD's commit, whether tracked files under :data:`CODE_PATHS` differ from it);
-    ("unknown", False) outside a git checkout."""
-    where = Path(cwd) if cwd else Path(__file__).parent
-    try:
-        head = subprocess.run(["git", "rev-parse", "HEAD"], cwd=where, capture_output=True,
-                              text=True, check=True).stdout.strip()  # fmt: skip
-        top = subprocess.run(["git", "rev-parse", "--show-toplevel"], cwd=where,
-                             capture_output=True, text=True, check=True).stdout.strip()  # fmt: skip
-        status = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no", "--",
-                                 *CODE_PATHS], cwd=top, capture_output=True, text=True,
-                                check=True).stdout  # fmt: skip
-    except (OSError, subprocess.CalledProcessError):
-        return "unknown", False
-    return head, bool(status.strip())
-
-
-def machine() -> dict[str, Any]:
-    """What ran it: CPUs, the 1-minute load average, platform, Python and torch versions."""
-    out: dict[str, Any] = {
-        "cpus": os.cpu_count(),
-        "load_average_1m": os.getloadavg()[0],
-        "platform": platform.platform(),
-        "python": platform.python_version(),
-    }
-    torch = sys.modules.get("torch")
-    if torch is not None:
-        out["torch"] = torch.__version__
-        out["torch_threads"] = torch.get_num_threads()
-    return out
-
-
 def run_record(
     benchmark: str,
     result: Mapping[str, Any],

@@ -12,6 +12,7 @@ from typing import Literal
 from pydantic import Field, field_validator, model_validator
 
 from provrl.config import Section, peer_names
+from provrl.env.prompts import Prompt, check_template, read_template, render, resolve_template
 from provrl.env.search import RetrieveLimits
 
 VERL_ROLLOUT = "actor_rollout_ref.rollout."
@@ -172,6 +173,30 @@ class AgentConfig(Section):
         description="tag: <search>q</search> / <open>id</open> / <answer>a</answer>; "
         'hermes: <tool_call>{"name": ..., "arguments": {...}}</tool_call> (Qwen family).',
     )
+    prompt: Literal["auto", "world", "neutral", "search-r1"] = Field(
+        "auto",
+        description="The instructions' template (docs/env.md §Prompts): world (the built-in "
+        "world's wording: 'the documents are about a fictional world'), neutral (the same "
+        "without it), search-r1 (Search-R1's prompt, as the user turn; protocol tag); auto = "
+        "world on the built-in world's tasks and index, neutral on your own tasks or index.",
+    )
+    prompt_file: str = Field(
+        "",
+        description="Your own template, a UTF-8 text file (placeholders {tools}, {reasoning}, "
+        "{question}; with {question} it is the user turn, without it the system turn); "
+        "used instead of prompt. '' = none.",
+    )
+    prompt_template: str = Field(
+        "",
+        description="Your own template as a string (as prompt_file; give one of the two). "
+        "'' = none.",
+    )
+    reasoning: bool = Field(
+        False,
+        description="Ask for a reasoning block, <think>…</think>, before each tool call and the "
+        "answer ({reasoning} in the template; search-r1 always asks). Raise max_new_tokens "
+        "with it.",
+    )
     shots: int = Field(
         0, ge=0, le=8, description="Worked examples (oracle traces on train tasks) in the prompt."
     )
@@ -241,6 +266,31 @@ class AgentConfig(Section):
     def _peer_top_k_off(cls, v: object) -> object:
         """verl's and vLLM's top_k = -1 (off) is provrl's 0."""
         return 0 if v == -1 else v
+
+    @model_validator(mode="after")
+    def _check_prompt(self) -> AgentConfig:
+        """Your own template is read and checked when the config is (one line naming it)."""
+        if self.prompt_file and self.prompt_template:
+            raise ValueError("give prompt_file or prompt_template, not both")
+        if self.prompt_file:
+            read_template(self.prompt_file)
+        elif self.prompt_template:
+            check_template(self.prompt_template, "env.agent.prompt_template")
+        elif self.prompt == "search-r1" and self.protocol != "tag":
+            raise ValueError("prompt search-r1 writes the tag protocol's calls: set protocol tag")
+        return self
+
+    def instructions(self, *, world: bool) -> Prompt:
+        """The episode's instructions: your template if you gave one, else the named one
+        (``auto``: the world's wording when ``world`` — the built-in world's task and index —
+        else the neutral one), for this protocol and reasoning setting."""
+        if self.prompt_file:
+            text = read_template(self.prompt_file)
+        elif self.prompt_template:
+            text = self.prompt_template
+        else:
+            text = resolve_template(self.prompt, world=world)
+        return render(text, self.protocol, self.reasoning)
 
     @model_validator(mode="after")
     def _check_cost(self) -> AgentConfig:

@@ -83,6 +83,7 @@ def run_pipeline(cfg: RunConfig, run_dir: str | Path, *, progress: bool = True) 
     run = RunDir(run_dir)
     run.root.mkdir(parents=True, exist_ok=True)
     pin_config(run, cfg)  # refuses an edited config.yaml or a changed key
+    run.record_session()  # commit, machine and command: the report's header
     random.seed(cfg.seed)
     np.random.seed(cfg.seed)
     torch.manual_seed(cfg.seed)

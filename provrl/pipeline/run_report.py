@@ -1,17 +1,23 @@
 """``provrl report RUN``: the run's results as Markdown + PNG (also written at the end of a run).
 
-Sections: held-out test accuracy and tool calls per solved task for every evaluated policy
+Sections: the run itself (commit, hardware — from ``RUN/sessions.jsonl`` — and the config's
+difference from its preset); held-out test accuracy and tool calls per solved task for every evaluated policy
 (binomial standard errors, SE = √(p̂(1−p̂)/(n·k)), and the task-clustered SE; RL vs warm start
-paired over tasks); the probe-and-filter verdict; RL curves (reward, batch accuracy, tool
-calls per step); the version-lag histogram of trained tokens; importance-weight statistics
+paired over tasks); the probe-and-filter verdict; RL curves per step (reward, accuracy, rollout accuracy per
+tier, tool calls, response length, entropy, grad norm, clip and mask fractions, zero-signal
+share, mixed-version share, step time, RSS: :func:`rl_panels`); the version-lag histogram of trained tokens; importance-weight statistics
 (ESS of w(τ), KL(q‖π), clip fraction); engine and trainer throughput and idle fractions;
 with ``engine.backend: ray``, versions per replica over time and the fault counters
 (:mod:`provrl.distributed.fleet_report`); wall time per stage; one mixed-version trajectory,
 token by token.
+
+A statistic that does not exist (tool calls per solved task when nothing was solved) is
+``null`` in every JSON file and "–" in the report, never NaN.
 """
 
 from __future__ import annotations
 
+import itertools
 import json
 import math
 from collections import Counter
@@ -19,11 +25,17 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+import yaml
 
+from provrl._sys import git_state, machine
+from provrl.config import CONFIG_DIR, ConfigError, dump_config, load_config, preset_path
 from provrl.distributed.fleet_report import ray_section
 from provrl.models.loading import load_tokenizer
+from provrl.pipeline.rundir import RunDir
 from provrl.pipeline.stages import paired_difference, solved_efficiency
 from provrl.pipeline.steplog import read_steps
+from provrl.report.plots import Series, plot_panels
+from provrl.run_config.run import RunConfig
 from provrl.trajlog import read_all, read_trajectories
 
 nan = float("nan")
@@ -51,7 +63,7 @@ def write_report(run_dir: str | Path) -> Path:
     out = run / "report"
     out.mkdir(parents=True, exist_ok=True)
     ev, rl, steps = _load(run, "eval"), _load(run, "rl"), read_steps(run)
-    md = [f"# provrl run report — `{run}`", ""]
+    md = [f"# provrl run report — `{run}`", "", *header_section(run)]
 
     # 1. held-out results --------------------------------------------------------------
     names = [n for n in ORDER if n in ev and isinstance(ev[n], dict)]
@@ -60,26 +72,39 @@ def write_report(run_dir: str | Path) -> Path:
             ev[n] |= solved_efficiency(read_all(run / "eval" / n / "trajectories.jsonl"))
     if names:
         md += [
-            "## Test split (never trained or filtered on)",
+            f"## {_split_name(ev[names[0]])} (never trained or filtered on)",
             "",
             "| policy | accuracy ± SE (samples) ± SE (tasks) | tool calls / solved task | "
             "oracle min of those tasks | excess calls | tool calls / episode | "
             "tokens / episode | answered | tasks × k |",
             "| --- | --- | --- | --- | --- | --- | --- | --- | --- |",
         ]
+        oracle = _num(ev[names[0]].get("mean_min_searches")) > 0  # plain QA tasks: no plan
         for n in names:
             e = ev[n]
             md.append(
-                f"| {n} | {e['accuracy']:.3f} ± {e.get('accuracy_se', nan):.3f} ± "
-                f"{e.get('accuracy_se_tasks', nan):.3f} | "
-                f"{e.get('mean_tool_calls_solved', nan):.2f} | "
-                f"{e.get('oracle_min_tool_calls_solved', nan):.2f} | "
-                f"{e.get('excess_tool_calls_solved', nan):+.0%} | "
-                f"{e['mean_tool_calls']:.2f} | {e['mean_tokens']:.0f} | "
-                f"{e['answered_rate']:.2f} | {e['n']} × {e['k']} |"
+                f"| {n} | {_f(e['accuracy'])} ± {_f(e.get('accuracy_se'))} ± "
+                f"{_f(e.get('accuracy_se_tasks'))} | "
+                f"{_f(e.get('mean_tool_calls_solved'), '.2f')} | "
+                f"{_f(e.get('oracle_min_tool_calls_solved') if oracle else None, '.2f')} | "
+                f"{_f(e.get('excess_tool_calls_solved'), '+.0%')} | "
+                f"{_f(e['mean_tool_calls'], '.2f')} | {_f(e['mean_tokens'], '.0f')} | "
+                f"{_f(e['answered_rate'], '.2f')} | {e['n']} × {e['k']} |"
             )
         first = ev[names[0]]
-        md += ["", f"Oracle minimum tool calls per task: {first['mean_min_searches']:.2f}."]
+        md += [
+            "",
+            (
+                f"Oracle minimum tool calls per task: {_f(first['mean_min_searches'], '.2f')}."
+                if oracle
+                else "Your tasks have no oracle plan: the oracle columns are empty."
+            )
+            + (
+                " –: no such number (tool calls per solved task when nothing was solved)."
+                if any(not math.isfinite(_num(ev[n].get("mean_tool_calls_solved"))) for n in names)
+                else ""
+            ),
+        ]
         tiers = [t for t, b in first.get("per_tier", {}).items() if b.get("tasks")]
         if len(tiers) > 1:
             md += [
@@ -94,7 +119,7 @@ def write_report(run_dir: str | Path) -> Path:
                 for t in tiers:
                     b = ev[n]["per_tier"][t]
                     cells.append(
-                        f"{b['accuracy']:.3f} ({b.get('mean_tool_calls_solved', nan):.2f})"
+                        f"{_f(b['accuracy'])} ({_f(b.get('mean_tool_calls_solved'), '.2f')})"
                     )
                 md.append(f"| {n} | " + " | ".join(cells) + " |")
         if "warmstart" in ev and "rl" in ev:
@@ -118,8 +143,8 @@ def write_report(run_dir: str | Path) -> Path:
             b = r["beta_prior"]
             md += [
                 "",
-                f"Kept fraction {r['observed_kept_frac']:.3f} ± {r['observed_kept_frac_se']:.3f} "
-                f"observed, {r['predicted_kept_frac']:.3f} predicted by the fitted "
+                f"Kept fraction {_f(r['observed_kept_frac'])} ± {_f(r['observed_kept_frac_se'])} "
+                f"observed, {_f(r['predicted_kept_frac'])} predicted by the fitted "
                 f"Beta({b['a']:.3g}, {b['b']:.3g}) prior; "
                 f"{r['kept_per_probe_rollout']:.4f} tasks kept per probe rollout.",
                 "",
@@ -129,7 +154,28 @@ def write_report(run_dir: str | Path) -> Path:
 
     # 2. RL curves, lag, importance weights ---------------------------------------------
     if steps:
-        md += ["## RL", "", f"![RL curves]({_plot_curves(steps, out).name})", ""]
+        curves = plot_panels(
+            rl_panels(steps, rollout_accuracy(run)),
+            out / "rl_curves.png",
+            xlabel="RL step",
+            title="RL, per step (a rollout's policy version v is the weights after step v)",
+        )
+        md += [
+            "## RL",
+            "",
+            f"![RL curves]({curves.name})",
+            "",
+            "Per step: the trained batch's reward and accuracy; the accuracy of *every* "
+            "rollout by the policy version that started it (v = the weights after step v, 0 = "
+            "before RL), overall and per tier — groups skipped for want of signal included; "
+            "tool calls; response length (sampled tokens per trajectory); the policy's entropy "
+            "on the trained tokens; the gradient norm before clipping; the shares of trained "
+            "tokens clipped and masked by the correction; the share of groups finished "
+            "without signal and of distinct samples; the share of trained trajectories that "
+            "span two versions and of tokens that attended to older KV; the trainer's step "
+            "time and the wall time between steps; resident memory.",
+            "",
+        ]
         lags: Counter[int] = Counter()
         for s in steps:
             lags.update({int(k): v for k, v in s.get("lag_histogram", {}).items()})
@@ -191,6 +237,131 @@ def write_report(run_dir: str | Path) -> Path:
     return path
 
 
+def header_section(run: Path) -> list[str]:
+    """Who ran it and with what: the commit and hardware of each session
+    (``RUN/sessions.jsonl``; for a run that predates it, the report's own, said so), and the
+    config's difference from its preset (:func:`config_diff`)."""
+    sessions = RunDir(run).sessions()
+    md = ["## The run", ""]
+    if sessions:
+        first = sessions[0]
+        md.append(f"- commit {_commit(first)}, started {first.get('date', '?')}")
+        md.append(f"- hardware: {hardware(first.get('machine', {}))}")
+        for s in sessions[1:]:  # resumes: say what changed
+            notes = []
+            if s.get("commit") != first.get("commit"):
+                notes.append("commit " + _commit(s))
+            if hardware(s.get("machine", {})) != hardware(first.get("machine", {})):
+                notes.append("hardware " + hardware(s.get("machine", {})))
+            md.append(
+                f"- resumed {s.get('date', '?')}" + (": " + "; ".join(notes) if notes else "")
+            )
+    else:
+        commit, dirty = git_state()
+        md.append(
+            "- commit and hardware not recorded (the run predates `sessions.jsonl`); this "
+            f"report was written at commit {_commit({'commit': commit, 'dirty': dirty})} on "
+            f"{hardware(machine())}"
+        )
+    return [*md, "", *config_diff(run, sessions)]
+
+
+def _commit(session: dict[str, Any]) -> str:
+    c = str(session.get("commit", "unknown"))
+    return f"`{c[:12]}`" + (" with uncommitted changes" if session.get("dirty") else "")
+
+
+def hardware(m: dict[str, Any]) -> str:
+    """One line for a :func:`provrl._sys.machine` record."""
+    if not m:
+        return "unknown"
+    parts = [f"{m.get('cpus', '?')} CPUs ({m.get('cpu_model', '?')})"]
+    if m.get("memory_gib"):
+        parts.append(f"{m['memory_gib']} GiB RAM")
+    parts.append(", ".join(m["gpus"]) if m.get("gpus") else "no GPU")
+    if m.get("torch"):
+        parts.append(f"torch {m['torch']} ({m.get('torch_threads', '?')} threads)")
+    parts.append(f"Python {m.get('python', '?')}, {m.get('platform', '?')}")
+    return "; ".join(parts)
+
+
+def _config_tree(path: Path) -> dict[str, Any]:
+    """Every setting of a config file (a preset or a run's ``config.yaml``), defaults filled,
+    flattened to dotted keys."""
+    tree = yaml.safe_load(dump_config(load_config(RunConfig, path)))
+
+    def flat(node: Any, prefix: str) -> dict[str, Any]:
+        if isinstance(node, dict) and node:
+            return {
+                k: v for key, sub in node.items() for k, v in flat(sub, f"{prefix}{key}.").items()
+            }
+        return {prefix[:-1]: node}
+
+    return flat(tree, "")
+
+
+def _preset_named(sessions: list[dict[str, Any]]) -> str | None:
+    """The ``--preset`` / ``--config`` the first session's command line gave, if any."""
+    cmd = [str(c) for c in (sessions[0].get("command", []) if sessions else [])]
+    for flag in ("--preset", "--config"):
+        if flag in cmd[:-1]:
+            return cmd[cmd.index(flag) + 1]
+        for c in cmd:
+            if c.startswith(flag + "="):
+                return c.split("=", 1)[1]
+    return None
+
+
+def config_diff(run: Path, sessions: list[dict[str, Any]]) -> list[str]:
+    """The settings where the run's ``config.yaml`` differs from its preset: the one its
+    command line named, else the nearest of ``configs/`` (fewest differing keys; ``default``
+    on a tie). ``logging.run_dir`` is left out: it always differs."""
+    path = run / "config.yaml"
+    if not path.is_file():
+        return []
+    mine = _config_tree(path)
+    named = _preset_named(sessions)
+    candidates = [named] if named else sorted(p.stem for p in CONFIG_DIR.glob("*.yaml"))
+    best: tuple[int, bool, str, list[str]] | None = None
+    for name in candidates:
+        try:
+            theirs = _config_tree(preset_path(name))
+        except (ConfigError, ValueError, OSError):  # moved, or not loadable here
+            continue
+        keys = [
+            k
+            for k in sorted(set(mine) | set(theirs))
+            if k != "logging.run_dir" and mine.get(k) != theirs.get(k)
+        ]
+        rows = [f"| `{k}` | {_short(theirs.get(k))} | {_short(mine.get(k))} |" for k in keys]
+        key = (len(keys), name != "default", name, rows)
+        best = key if best is None or key[:3] < best[:3] else best
+    if best is None:
+        return [
+            f"Config: `{path.name}` (no preset in `{CONFIG_DIR}` could be read to compare).",
+            "",
+        ]
+    n, _, name, rows = best
+    how = "named on its command line" if named else f"the nearest of {len(candidates)} presets"
+    if not rows:
+        return [f"Config: preset `{name}` ({how}) as it is, `logging.run_dir` aside.", ""]
+    return [
+        f"Config: preset `{name}` ({how}) with {n} setting(s) changed (`config.yaml` holds "
+        "every setting):",
+        "",
+        f"| setting | `{name}` | this run |",
+        "| --- | --- | --- |",
+        *rows,
+        "",
+    ]
+
+
+def _short(v: Any) -> str:
+    text = json.dumps(v, default=str)
+    text = text if len(text) <= 60 else text[:57] + "…"
+    return "`" + text.replace("|", "\\|") + "`"
+
+
 def teacher_section(warm: dict[str, Any]) -> list[str]:
     """Whose traces the warm start imitated, and how many tool calls they make."""
     tc = warm["teacher_calls"]
@@ -234,11 +405,15 @@ def curriculum_section(rl: dict[str, Any], steps: list[dict[str, Any]], out: Pat
 
         matplotlib.use("Agg")
         import matplotlib.pyplot as plt
+        from matplotlib.ticker import MaxNLocator
 
         fig, ax = plt.subplots(figsize=(6, 3.2))
         for name in ("kept", "unsolved", "solved"):
-            ax.plot([v for v, _ in pools], [p.get(name, 0) for _, p in pools], marker=".", label=name)  # fmt: skip
+            ax.plot(
+                [v for v, _ in pools], [p.get(name, 0) for _, p in pools], marker=".", label=name
+            )
         ax.set_xlabel("policy version")
+        ax.xaxis.set_major_locator(MaxNLocator(integer=True))
         ax.set_ylabel("tasks")
         ax.set_title("curriculum pools")
         ax.legend()
@@ -290,16 +465,28 @@ def rl_vs_warmstart(w: dict[str, Any], r: dict[str, Any]) -> str:
         d_acc, se, how = pd["diff"], pd["se"], f"paired over {pd['tasks']:.0f} tasks"
     else:
         d_acc = r["accuracy"] - w["accuracy"]
-        se, how = math.hypot(w.get("accuracy_se", 0.0), r.get("accuracy_se", 0.0)), "binomial"
-    cw, cr = w.get("mean_tool_calls_solved", nan), r.get("mean_tool_calls_solved", nan)
-    change = cr / cw - 1 if cw and cw == cw and cr == cr else nan
-    ex = r.get("excess_tool_calls_solved", nan)
+        se = math.hypot(_num(w.get("accuracy_se", 0.0)), _num(r.get("accuracy_se", 0.0)))
+        how = "binomial"
+    cw, cr = _num(w.get("mean_tool_calls_solved")), _num(r.get("mean_tool_calls_solved"))
+    change = cr / cw - 1 if cw else nan
+    ex = r.get("excess_tool_calls_solved")
     return (
-        f"**RL vs warm start:** accuracy {d_acc * 100:+.1f} points (SE {se * 100:.1f}, {how}; "
-        f"{d_acc / se if se else nan:+.1f} SE); tool calls per solved task {cw:.2f} → "
-        f"{cr:.2f} ({change:+.0%}); RL's solved episodes use {ex:+.0%} calls over the oracle "
-        "minimum of their tasks."
+        f"**RL vs warm start:** accuracy {_f(d_acc * 100, '+.1f')} points (SE "
+        f"{_f(se * 100, '.1f')}, {how}; {_f(d_acc / se if se else nan, '+.1f')} SE); tool calls "
+        f"per solved task {_f(cw, '.2f')} → {_f(cr, '.2f')} ({_f(change, '+.0%')}); RL's solved "
+        f"episodes use {_f(ex, '+.0%')} calls over the oracle minimum of their tasks."
     )
+
+
+def _num(x: Any) -> float:
+    """``x`` as a float; a statistic that does not exist (None, NaN, not a number) as NaN."""
+    return float(x) if isinstance(x, int | float) and not isinstance(x, bool) else nan
+
+
+def _f(x: Any, spec: str = ".3f") -> str:
+    """``x`` formatted with ``spec``; "–" where the statistic does not exist (None, NaN)."""
+    v = _num(x)
+    return format(v, spec) if math.isfinite(v) else "–"
 
 
 def _mixed_trajectory(run: Path) -> str | None:
@@ -351,7 +538,14 @@ def _mixed_trajectory(run: Path) -> str | None:
     return head + "\n\n" + "\n\n".join(parts)
 
 
+def _split_name(e: dict[str, Any]) -> str:
+    """ "Test split", "Dev split", or "Held-out tasks" (a task file's)."""
+    return f"{str(e['split']).capitalize()} split" if e.get("split") else "Held-out tasks"
+
+
 def _plot_eval(ev: dict[str, Any], names: list[str], out: Path) -> Path:
+    """Accuracy (± binomial SE) and tool calls per solved task of each evaluated policy,
+    against the oracle minimum; a policy that solved nothing says so instead of a bar."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -361,18 +555,28 @@ def _plot_eval(ev: dict[str, Any], names: list[str], out: Path) -> Path:
     x = np.arange(len(names))
     a1.bar(
         x,
-        [ev[n]["accuracy"] for n in names],
-        yerr=[ev[n].get("accuracy_se", 0) for n in names],
+        [_num(ev[n]["accuracy"]) for n in names],
+        yerr=[np.nan_to_num(_num(ev[n].get("accuracy_se"))) for n in names],
         capsize=4,
         color="tab:blue",
     )
     a1.set_xticks(x, names)
-    a1.set_ylabel("test accuracy (EM)")
-    a2.bar(x, [ev[n].get("mean_tool_calls_solved", np.nan) for n in names], color="tab:orange")
-    a2.axhline(ev[names[0]]["mean_min_searches"], color="k", ls="--", lw=1, label="oracle min")
+    a1.set_ylim(0, 1)
+    a1.set_ylabel(f"{_split_name(ev[names[0]]).lower()}: accuracy (EM)")
+    calls = [_num(ev[n].get("mean_tool_calls_solved")) for n in names]
+    oracle = _num(ev[names[0]].get("mean_min_searches"))
+    a2.bar(x, np.nan_to_num(calls), color="tab:orange")
+    top = max([c for c in [*calls, oracle] if math.isfinite(c)] + [1.0]) * 1.15
+    for xi, c in zip(x, calls, strict=True):
+        if not math.isfinite(c):
+            a2.text(xi, top * 0.04, "none\nsolved", ha="center", va="bottom", fontsize=8)
+    if oracle > 0:  # tasks with an oracle plan (the world's; plain QA tasks have none)
+        a2.axhline(oracle, color="k", ls="--", lw=1, label="oracle min")
+        a2.legend(fontsize=8)
     a2.set_xticks(x, names)
+    a2.set_xlim(-0.6, len(names) - 0.4)
+    a2.set_ylim(0, top)
     a2.set_ylabel("tool calls per solved task")
-    a2.legend(fontsize=8)
     fig.tight_layout()
     p = out / "eval.png"
     fig.savefig(p, dpi=110)
@@ -380,57 +584,111 @@ def _plot_eval(ev: dict[str, Any], names: list[str], out: Path) -> Path:
     return p
 
 
-def _plot_curves(steps: list[dict[str, Any]], out: Path) -> Path:
-    """Per RL step (the record's 1-based ``step``): reward, accuracy, tool calls, and the
-    signal of the batch — the share of groups finished since the previous step that had no
-    signal, the share of distinct samples in the trained groups, and the share of trained
-    trajectories that span ≥ 2 policy versions."""
-    import matplotlib
+def rollout_accuracy(run: Path) -> dict[str, dict[int, float]]:
+    """Exact-match accuracy of every RL rollout (``RUN/rl/trajectories.jsonl``, trained or
+    not) by the policy version of its first sampled token: ``{"all" | "tier N": {v: acc}}``.
+    Tiers are named only when the run has more than one."""
+    log = run / "rl" / "trajectories.jsonl"
+    if not log.is_file():
+        return {}
+    import warnings
 
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    hits: dict[tuple[str, int], list[float]] = {}
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        for t in read_trajectories(log, strict=False):
+            v = t.version[t.is_action]
+            if not len(v):
+                continue
+            em = float(t.metrics.get("exact_match", 0.0))
+            tier = f"tier {int(t.metrics.get('tier', 0))}"
+            for key in ("all", tier):
+                hits.setdefault((key, int(v[0])), []).append(em)
+    out: dict[str, dict[int, float]] = {}
+    for (key, v), ems in sorted(hits.items()):
+        out.setdefault(key, {})[v] = float(np.mean(ems))
+    if len(out) == 2:  # one tier: it is "all"
+        out = {"all": out["all"]}
+    return out
+
+
+def rl_panels(
+    steps: list[dict[str, Any]], by_version: dict[str, dict[int, float]]
+) -> list[tuple[str, str, list[Series]]]:
+    """The RL curves, one panel each (:func:`provrl.report.plots.plot_panels`), x = the step
+    record's 1-based ``step`` (step s trains version s−1 into s), or for rollouts the version
+    that sampled them. A key a run did not log leaves its panel "not logged"."""
+    x = [float(s["step"]) for s in steps]
 
     def col(key: str) -> list[float]:
-        return [float(s[key]) if isinstance(s.get(key), int | float) else np.nan for s in steps]
+        return [_num(s.get(key)) for s in steps]
 
-    x = [s["step"] for s in steps]
+    def line(label: str, key: str) -> Series:
+        return (label, x, col(key))
+
+    def versions(key: str) -> Series:
+        acc = by_version[key]
+        return (key, list(map(float, acc)), list(acc.values()))
+
     mixed = [
-        int(s.get("mixed_version_trajectories", 0)) / max(1, len(s.get("trained", [])))
+        _num(s.get("mixed_version_trajectories")) / len(s["trained"]) if s.get("trained") else nan
         for s in steps
     ]
-    panels: list[tuple[str, list[tuple[str, list[float]]]]] = [
-        ("batch reward", [("reward", col("reward_mean"))]),
-        ("batch accuracy", [("accuracy", col("accuracy"))]),
+    wall = col("wall_s")
+    between = [nan] + [b - a for a, b in itertools.pairwise(wall)]
+    tiers = [versions(k) for k in by_version if k != "all"]
+    return [
+        ("batch reward", "reward", [line("mean", "reward_mean")]),
+        (
+            "accuracy",
+            "exact match",
+            [line("trained batch", "accuracy"), *([versions("all")] if by_version else [])],
+        ),
+        (
+            "rollout accuracy per tier",
+            "exact match",
+            tiers or ([versions("all")] if by_version else []),
+        ),
         (
             "tool calls",
-            [("per episode", col("tool_calls")), ("per solved", col("tool_calls_solved"))],
+            "calls",
+            [line("per episode", "tool_calls"), line("per solved", "tool_calls_solved")],
+        ),
+        ("response length", "sampled tokens / trajectory", [line("mean", "action_tokens")]),
+        ("policy entropy", "nats / token", [line("entropy", "entropy")]),
+        (
+            "grad norm",
+            "L2 (before clipping)",
+            [line("norm", "grad_norm"), line("max over micro-steps", "grad_norm_max")],
+        ),
+        (
+            "clip and mask",
+            "share",
+            [line("clipped tokens", "clip_frac"), line("masked tokens", "masked_frac")],
         ),
         (
             "signal",
+            "share",
             [
-                ("zero-signal groups", col("zero_signal_share")),
-                ("distinct samples", col("distinct_share")),
+                line("zero-signal groups", "zero_signal_share"),
+                line("distinct samples", "distinct_share"),
             ],
         ),
-        ("provenance", [("mixed-version trajectories", mixed)]),
-        ("policy entropy", [("entropy", col("entropy"))]),
+        (
+            "provenance",
+            "share",
+            [
+                ("mixed-version trajectories", x, mixed),
+                line("tokens on older KV", "kv_stale_share"),
+            ],
+        ),
+        (
+            "step time",
+            "seconds",
+            [line("trainer step", "step_s"), ("wall between steps", x, between)],
+        ),
+        ("memory", "RSS (MiB)", [line("resident set", "rss_mb")]),
     ]
-    fig, axes = plt.subplots(2, 3, figsize=(12, 6))
-    for ax, (title, lines) in zip(axes.flat, panels, strict=True):
-        for label, ys in lines:
-            ax.plot(x, ys, marker="o", ms=3, label=label)
-        if len(lines) > 1 or title in ("signal", "provenance"):
-            ax.legend(fontsize=7)
-        if title in ("signal", "provenance"):
-            ax.set_ylim(-0.02, 1.02)
-            ax.set_ylabel("share")
-        ax.set_xlabel("RL step")
-        ax.set_title(title)
-    fig.tight_layout()
-    p = out / "rl_curves.png"
-    fig.savefig(p, dpi=110)
-    plt.close(fig)
-    return p
 
 
 def _plot_lags(lags: Counter[int], out: Path) -> Path:

@@ -7,6 +7,8 @@ stage's resumable checkpoints.
                                       has started: an edit or a changed key is refused)
     RUN/.config.yaml                  the run's own copy of it (names the keys of an edit)
     RUN/resume.log                    execution-only knobs a resume changed (RESUMABLE)
+    RUN/sessions.jsonl                one line per start or resume: commit, date, machine,
+                                      command (the report's header)
     RUN/warmstart/                    oracle traces, SFT metrics, ckpt/ (safetensors)
     RUN/probe/  RUN/filter/           probe log + manifest; pools kept/unsolved/solved
     RUN/selfsft/                      optional SFT on the policy's own shortest successes
@@ -28,6 +30,7 @@ file follows :mod:`provrl.appendlog` (a torn tail is moved aside before the next
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shutil
@@ -36,9 +39,11 @@ import warnings
 from pathlib import Path
 from typing import Any
 
-from provrl._sys import write_json
-from provrl.appendlog import TornRecordWarning, repair_torn_tail
+from provrl._sys import session_record, strict_dumps, write_json
+from provrl.appendlog import AppendLog, TornRecordWarning, read_lines, repair_torn_tail
 
+SESSIONS = "sessions.jsonl"
+"""One line per session that ran the run (:meth:`RunDir.record_session`)."""
 STAGES = ("world", "warmstart", "probe", "filter", "selfsft", "rl", "eval", "report")
 COMPLETE = "COMPLETE"
 REDONE_WHEN_TORN = ("probe", "rl")
@@ -109,6 +114,26 @@ class RunDir:
             )
             redo |= name in REDONE_WHEN_TORN
         return redo
+
+    def record_session(self, command: list[str] | None = None) -> None:
+        """Append who runs it now — commit, date, machine, command — to ``sessions.jsonl``
+        (a resume on another machine or commit is a second line)."""
+        with AppendLog(self.root / SESSIONS) as log:
+            log.append((strict_dumps(session_record(command)) + "\n").encode())
+
+    def sessions(self) -> list[dict[str, Any]]:
+        """The sessions that ran the run, oldest first (none before they were recorded; a
+        torn last line is skipped)."""
+        path = self.root / SESSIONS
+        if not path.is_file():
+            return []
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", TornRecordWarning)
+            out = []
+            for _, line in read_lines(path):
+                with contextlib.suppress(ValueError):  # a hand-edited line: not a session
+                    out.append(json.loads(line))
+            return [d for d in out if isinstance(d, dict)]
 
     def mark_done(self, name: str, summary: dict[str, Any]) -> dict[str, Any]:
         write_json(self.stage(name) / "done.json", summary)

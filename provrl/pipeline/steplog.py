@@ -58,8 +58,11 @@ class StepLogError(ValueError):
 
 
 def step_line(record: dict[str, Any]) -> bytes:
-    """One line of ``steps.jsonl`` for ``record``."""
-    return (json.dumps(record, default=float) + "\n").encode()
+    """One line of ``steps.jsonl`` for ``record``: strict JSON, a statistic that does not
+    exist (tool calls per solved episode in a batch that solved nothing) as ``null``."""
+    from provrl._sys import strict_dumps
+
+    return (strict_dumps(record, default=float) + "\n").encode()
 
 
 def step_lines(path: str | os.PathLike[str]) -> list[bytes]:

@@ -11,6 +11,7 @@ _EXPORTS = {
     "read_metrics": "provrl.report.metrics",
     "plot_eval": "provrl.report.plots",
     "plot_sft_loss": "provrl.report.plots",
+    "plot_panels": "provrl.report.plots",
     "show_trajectories": "provrl.report.show",
     "export_parquet": "provrl.report.export",
 }

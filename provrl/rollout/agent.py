@@ -39,6 +39,7 @@ from provrl.env.config import AgentConfig, SearchConfig
 from provrl.env.oracle import OracleResult
 from provrl.env.prompts import (
     Message,
+    Prompt,
     build_messages,
     format_document,
     format_error,
@@ -47,7 +48,7 @@ from provrl.env.prompts import (
 from provrl.env.protocol import Call, Malformed, parse, stop_strings
 from provrl.env.rewards import exact_match, reward, token_f1
 from provrl.env.search import QueryError, SearchBackend, SearchError
-from provrl.env.tasks import Task
+from provrl.env.tasks import PLAIN_KIND, Task
 from provrl.models.chat import chat_ids, continuation_ids, stop_token_ids, tokenizer_identity
 from provrl.provenance import Identity, SamplingParams, ToolCall, Trajectory, TrajectoryBuilder
 
@@ -65,24 +66,38 @@ class AgentEnv:
     tools: Identity
     shots: Sequence[Sequence[Message]] = ()
     codec: ObservationCodec = field(init=False)
-    prompt: Callable[[str], tuple[int, ...]] = field(init=False, repr=False)
-    """question → prompt ids (:func:`prompt_ids`), cached: the k samples of a task share one
-    prompt, which with worked examples is thousands of tokens to render and tokenize."""
+    prompt: Callable[[str, bool], tuple[int, ...]] = field(init=False, repr=False)
+    """(question, world wording: :func:`world_wording`) → prompt ids (:func:`prompt_ids`),
+    cached: the k samples of a task share one prompt, which with worked examples is thousands
+    of tokens to render and tokenize."""
 
     def __post_init__(self) -> None:
         self.codec = ObservationCodec(self.tokenizer, self.agent)
+        instructions = {w: self.agent.instructions(world=w) for w in (True, False)}
         self.prompt = functools.lru_cache(maxsize=256)(
-            lambda q: tuple(prompt_ids(self.tokenizer, q, self.agent.protocol, self.shots))
+            lambda q, world: tuple(
+                prompt_ids(self.tokenizer, q, self.agent.protocol, self.shots, instructions[world])
+            )
         )
 
 
+def world_wording(task: Task, search: SearchConfig) -> bool:
+    """Whether ``env.agent.prompt: auto`` speaks of the built-in world: on its tasks and its
+    index, not on a plain question/answer task or your own index."""
+    return task.kind != PLAIN_KIND and not search.index
+
+
 def prompt_ids(
-    tokenizer: Any, question: str, protocol: str, shots: Sequence[Sequence[Message]] = ()
+    tokenizer: Any,
+    question: str,
+    protocol: str,
+    shots: Sequence[Sequence[Message]] = (),
+    prompt: Prompt | None = None,
 ) -> list[int]:
-    """The episode's prompt: instructions, worked examples and the question, as chat ids
-    with the assistant turn opened."""
+    """The episode's prompt: instructions (``prompt``, the world's by default), worked
+    examples and the question, as chat ids with the assistant turn opened."""
     return chat_ids(
-        tokenizer, build_messages(question, protocol, shots), add_generation_prompt=True
+        tokenizer, build_messages(question, protocol, shots, prompt), add_generation_prompt=True
     )
 
 
@@ -100,6 +115,16 @@ def tools_identity(backend: SearchBackend, search: SearchConfig, agent: AgentCon
         "max_observation_tokens": agent.max_observation_tokens,
         "tool_timeout_s": agent.tool_timeout_s,
     }
+    if (agent.prompt, agent.prompt_file, agent.prompt_template, agent.reasoning) != ("auto", "", "", False):  # fmt: skip
+        # not the default prompt: named here (the default's absence keeps earlier fingerprints)
+        world, own = agent.instructions(world=True), agent.instructions(world=False)
+        text = json.dumps([world.system, world.user, own.system, own.user])
+        name = "file" if agent.prompt_file else "text" if agent.prompt_template else agent.prompt
+        config["prompt"] = {
+            "name": name,
+            "reasoning": agent.reasoning,
+            "sha256": hashlib.sha256(text.encode()).hexdigest()[:16],
+        }
     h = hashlib.sha256((backend.fingerprint() + json.dumps(config, sort_keys=True)).encode())
     return Identity(backend.name, "sha256:" + h.hexdigest()[:32], config)
 
@@ -234,7 +259,7 @@ def run_episode(
     (``meta`` is merged into the trajectory's ``meta``, e.g. its GRPO group)."""
     a, tok = env.agent, env.tokenizer
     t_start = time.perf_counter()
-    prompt = env.prompt(task.question)
+    prompt = env.prompt(task.question, world_wording(task, env.search))
     budget = a.max_total_tokens
     if len(prompt) + 8 > budget:
         raise ValueError(
@@ -356,7 +381,8 @@ def oracle_trajectory(
     deterministic policy (logprob 0, version 0, kept mass 1), everything else non-action,
     assembled exactly as :func:`run_episode` assembles a model's episode."""
     b = TrajectoryBuilder(traj_id, task.task_id)
-    b.add_prompt(prompt_ids(tokenizer, task.question, agent.protocol, shots))
+    instructions = agent.instructions(world=task.kind != PLAIN_KIND)
+    b.add_prompt(prompt_ids(tokenizer, task.question, agent.protocol, shots, instructions))
     codec = ObservationCodec(tokenizer, agent)
     cut = 0
     for action, obs in result.turns:

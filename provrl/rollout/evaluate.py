@@ -30,6 +30,7 @@ from typing import Any
 
 import numpy as np
 
+from provrl._sys import write_json
 from provrl.engine.api import EngineFactory
 from provrl.engine.config import EngineConfig
 from provrl.env.build import load_split
@@ -250,7 +251,7 @@ def evaluate(
     }
     if plot and summary["samples"]:
         summary["plot"] = str(plot_eval(summary, run / "eval.png"))
-    (run / "eval.json").write_text(json.dumps(summary, indent=2))
+    write_json(run / "eval.json", summary)  # strict JSON: a statistic that does not exist is null
     with MetricsWriter(run, tensorboard=False) as mw:
         flat = {
             k: v

@@ -37,7 +37,6 @@ One run, top to bottom (:func:`train_sft`):
 
 from __future__ import annotations
 
-import json
 import math
 import os
 import time
@@ -50,6 +49,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from provrl._sys import write_json
 from provrl.models.checkpoint import save_checkpoint
 from provrl.models.loading import load_model
 from provrl.provenance import ProvenanceError, Trajectory, TrajectoryBatch
@@ -511,7 +511,7 @@ def run_sft(
     summary["run_dir"] = str(run)
     if plot:
         summary["plot"] = str(plot_sft_loss(result.losses, run / "sft_loss.png", model))
-    (run / "sft.json").write_text(json.dumps(summary, indent=2))
+    write_json(run / "sft.json", summary)  # strict JSON: a skipped step's loss is null
     return summary
 
 

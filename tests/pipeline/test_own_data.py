@@ -66,6 +66,14 @@ def test_run_on_a_plain_qa_file_a_user_index_and_a_user_warm_start_file(tmp_path
     assert warm["source"].startswith("user data") and warm["traces_selected"] == 2
     assert not (run / "warmstart" / "teacher.jsonl").exists()
     assert json.loads((run / "rl" / "done.json").read_text())["steps"] == 2
+    # the agent's instructions on the user's data never speak of the built-in world
+    from provrl.models import load_tokenizer
+    from provrl.trajlog import read_all
+
+    tok = load_tokenizer()
+    for t in read_all(run / "rl" / "trajectories.jsonl")[:4]:
+        prompt = tok.decode(t.token_id[: t.segments[0].end])
+        assert "fictional" not in prompt and "Look the answer up in the documents" in prompt
 
 
 def test_a_user_index_without_warm_start_data_is_refused_before_any_work(tmp_path, capsys):

@@ -223,3 +223,19 @@ def test_smollm2_with_worked_examples_searches_the_real_index(small_world, small
         obs_seg = next(g for g in t.segments if g.kind == "observation" and g.turn == call.turn + 1)
         text = lm.tokenizer.decode(t.token_id[obs_seg.start : obs_seg.end])
         assert format_hits(small_search.search(call.arguments, 3)) in text
+
+
+def test_episode_prompt_follows_the_task(engine, tiny, small_world, small_search):
+    """``env.agent.prompt: auto``: the world's wording on a world task, the neutral one on a
+    plain question/answer task (docs/env.md, Prompts)."""
+    import dataclasses
+
+    from provrl.env.tasks import PLAIN_KIND
+
+    env = make_env(engine, tiny, small_search, max_turns=1)
+    t = load_split(small_world, "dev")[0]
+    for task, fictional in ((t, True), (dataclasses.replace(t, tier=0, kind=PLAIN_KIND), False)):
+        tr = run_episode(env, task, traj_id=f"p-{task.kind}", seed=0)
+        prompt = tiny.tokenizer.decode(tr.token_id[: tr.segments[0].end])
+        assert ("fictional world" in prompt) is fictional
+        assert f"Question: {t.question}" in prompt

@@ -59,6 +59,11 @@ def test_model_eval_end_to_end(small_world, tmp_path):
     text = load_tokenizer().decode(prompt)
     assert text.count("Question:") == 2 and "<search>" in text and "<answer>" in text
     assert s["mean_tokens"] == pytest.approx(sum(len(t) for t in trajs) / 6)
+    # strict JSON (RFC 8259): a statistic that does not exist is null, never NaN
+    text = (tmp_path / "eval.json").read_text()
+    strict = json.loads(text, parse_constant=lambda c: pytest.fail(f"eval.json holds {c}"))
+    if s["accuracy"] == 0:  # the random tiny model solves nothing
+        assert strict["mean_tool_calls_solved"] is None
 
 
 def test_select_tasks_is_seeded_subset():
