@@ -90,7 +90,7 @@ def plot_learning(result: Mapping[str, Any], png: str | Path) -> Path:
             ax.set_ylabel(label)
             ax.set_title(f"{world}: {label}")
             if m == "accuracy":
-                ax.set_ylim(0, 1)
+                ax.set_ylim(-0.03, 1.03)
             ax.grid(axis="y", alpha=0.3)
     axes[0][0].legend(loc="upper right", fontsize=8)
     mean = result.get("mean", {})
