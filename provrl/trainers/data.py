@@ -28,55 +28,58 @@ Dataset = str | os.PathLike[str] | Iterable[Mapping[str, Any]]
 """What ``train_dataset`` may be (a ``datasets.Dataset`` iterates over its rows as dicts)."""
 
 
-def task_file(data: Dataset, out: Path) -> Path:
+def task_file(data: Dataset, out: Path, *, name: str = "train_dataset") -> Path:
     """``data`` as a task file provrl reads (:func:`~provrl.env.tasks.read_task_file`,
     checked here): a JSONL path as it is, anything else written to ``out`` as plain QA
-    records. Errors are one line naming the file, row or field."""
+    records. Errors are one line naming ``name`` (the argument) and the file, row or field."""
     if isinstance(data, str | os.PathLike):
         path = Path(data)
         if not path.is_file():
-            raise ConfigError(f"train_dataset: {path}: no such file")
+            raise ConfigError(f"{name}: {path}: no such file")
         if path.suffix == ".parquet":
-            rows = _parquet_rows(path)
+            rows = _parquet_rows(path, name)
         else:
-            _check(path)  # a bad line: one line now, not mid-run
+            _check(path, name)  # a bad line: one line now, not mid-run
             return path
     elif isinstance(data, Mapping):
         raise ConfigError(
-            "train_dataset: a mapping (a DatasetDict?); give one split, e.g. dataset['train']"
+            f"{name}: a mapping (a DatasetDict?); give one split, e.g. dataset['train']"
         )
     else:
         rows = [dict(r) for r in data]
     if not rows:
-        raise ConfigError("train_dataset: no rows")
+        raise ConfigError(f"{name}: no rows")
     out.parent.mkdir(parents=True, exist_ok=True)
     tmp = out.with_name(out.name + ".tmp")
     with open(tmp, "wb") as f:
         for i, row in enumerate(rows):
-            f.write(orjson.dumps(_qa_row(row, i), option=orjson.OPT_SERIALIZE_NUMPY) + b"\n")
+            f.write(
+                orjson.dumps(_qa_row(row, f"{name} row {i}"), option=orjson.OPT_SERIALIZE_NUMPY)
+                + b"\n"
+            )
     tmp.replace(out)
-    _check(out)
+    _check(out, name)
     return out
 
 
-def _check(path: Path) -> None:
+def _check(path: Path, name: str) -> None:
     """Read ``path`` as the run will; a bad record is one line (file, line, field)."""
     try:
         read_task_file(path, split="train")
     except TaskFileError as e:
-        raise ConfigError(f"train_dataset: {e}") from None
+        raise ConfigError(f"{name}: {e}") from None
 
 
-def _parquet_rows(path: Path) -> list[dict[str, Any]]:
+def _parquet_rows(path: Path, name: str) -> list[dict[str, Any]]:
     try:
         import pyarrow.parquet as pq
     except ImportError:
-        raise ConfigError(f"train_dataset: {path}: reading parquet needs pyarrow") from None
+        raise ConfigError(f"{name}: {path}: reading parquet needs pyarrow") from None
     rows: list[dict[str, Any]] = pq.read_table(path).to_pylist()
     return rows
 
 
-def _qa_row(row: dict[str, Any], i: int) -> dict[str, Any]:
+def _qa_row(row: dict[str, Any], where: str) -> dict[str, Any]:
     """TRL's ``prompt`` column as provrl's ``question`` (chat messages: the last user turn),
     unless the row has a question already; every column kept."""
     if "question" in row or "prompt" not in row:
@@ -87,7 +90,7 @@ def _qa_row(row: dict[str, Any], i: int) -> dict[str, Any]:
             m.get("content") for m in prompt if isinstance(m, dict) and m.get("role") == "user"
         ]
         if not users:
-            raise ConfigError(f"train_dataset row {i}: 'prompt' has no user message")
+            raise ConfigError(f"{where}: 'prompt' has no user message")
         prompt = users[-1]
     return {**row, "question": prompt}
 

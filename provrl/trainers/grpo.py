@@ -203,6 +203,16 @@ RewardFunc = str | TRLReward
 callable with TRL's signature (:data:`provrl.env.rewards.TRLReward`)."""
 
 
+def _eval_overrides(eval_dataset: Dataset | None, out: Path) -> list[str]:
+    """The eval stage: the base model and the trained policy on ``eval_dataset`` after the RL
+    stage (TRL evaluates during training; provrl before and after it), or no eval stage
+    (the world's test split is not the user's task)."""
+    if eval_dataset is None:
+        return ["pipeline.eval.policies=[]"]
+    f = task_file(eval_dataset, out, name="eval_dataset")
+    return ["pipeline.eval.policies=[base, rl]", f"pipeline.eval.file={json.dumps(str(f))}"]
+
+
 def reward_names(reward_funcs: RewardFunc | Sequence[RewardFunc]) -> list[str]:
     """The ``env.agent.rewards`` names of ``reward_funcs``: a callable is registered in this
     process under its ``__name__`` (made unique, never a built-in's); a name is checked."""
@@ -246,8 +256,10 @@ class GRPOTrainer:
     reward_funcs: one or a list of :data:`RewardFunc`; their weighted sum
     (``args.reward_weights``) is each episode's reward, and each one's score is in the
     trajectory metrics (``reward/<name>``). train_dataset: :data:`~provrl.trainers.data.Dataset`.
-    tools: the search tool (:func:`~provrl.trainers.data.search_overrides`).
-    ``eval_dataset`` is not supported yet: evaluate a checkpoint with ``provrl eval --tasks``.
+    eval_dataset: as train_dataset, disjoint from it; the base model and the trained policy
+    are evaluated on it after the RL stage (``summary["eval"]``: accuracy = exact match, k =
+    ``pipeline.eval.k`` samples per task). tools: the search tool
+    (:func:`~provrl.trainers.data.search_overrides`).
     """
 
     def __init__(
@@ -263,11 +275,6 @@ class GRPOTrainer:
         self.args = args or GRPOConfig()
         if train_dataset is None:
             raise ConfigError("GRPOTrainer: train_dataset is required (QA rows or a JSONL path)")
-        if eval_dataset is not None:
-            raise ConfigError(
-                "GRPOTrainer: eval_dataset is not supported yet; after train(), evaluate the "
-                "checkpoint with `provrl eval --policy OUTPUT/rl/ckpt-vN --tasks FILE`"
-            )
         out = Path(self.args.output_dir)
         self.model_name = model_name(model, processing_class, out / "initial")
         data = task_file(train_dataset, out / "data" / "train.jsonl")
@@ -275,7 +282,7 @@ class GRPOTrainer:
             f"model.name={json.dumps(self.model_name)}",
             f"pipeline.tasks.file={json.dumps(str(data))}",
             "pipeline.warmstart=false",  # a TRL run starts from the model it is given
-            "pipeline.eval.policies=[]",  # the world's test split is not the user's task
+            *_eval_overrides(eval_dataset, out / "data" / "eval.jsonl"),
             f"env.agent.rewards={json.dumps(reward_names(reward_funcs))}",
             *search_overrides(tools, out / "data" / "docs.sqlite"),
         ]

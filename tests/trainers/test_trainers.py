@@ -88,6 +88,11 @@ def test_the_trainer_builds_the_run_config(tmp_path):
     task = json.loads((tmp_path / "run" / "data" / "train.jsonl").read_text())
     assert task["question"] == "Where is Halvex?" and task["level"] == 2
     assert cfg.pipeline.tasks.file == str(tmp_path / "run" / "data" / "train.jsonl")
+    assert cfg.pipeline.eval.file is None  # no eval_dataset: no eval stage
+    held_out = [{"question": "Who founded Halvex?", "answer": "Vesk"}]
+    t = GRPOTrainer("tiny", "em", args=args, train_dataset=rows, eval_dataset=held_out)
+    assert t.config.pipeline.eval.policies == ("base", "rl")
+    assert t.config.pipeline.eval.file == str(tmp_path / "run" / "data" / "eval.jsonl")
     url = GRPOTrainer("tiny", "em", args=args, train_dataset=rows, tools="http://h:1/retrieve")
     assert (url.config.env.search.backend, url.config.env.search.url) == (
         "http",
@@ -99,7 +104,7 @@ def test_the_trainer_builds_the_run_config(tmp_path):
     ("kwargs", "match"),
     [
         ({"reward_funcs": "org/reward-model"}, "provrl takes no reward models"),
-        ({"reward_funcs": "em", "eval_dataset": [{}]}, "eval_dataset is not supported yet"),
+        ({"reward_funcs": "em", "eval_dataset": [{"question": "q"}]}, "eval_dataset: .*field 'answer' is missing"),
         ({"reward_funcs": "em", "train_dataset": [{"question": "q"}]}, "field 'answer' is missing"),
         ({"reward_funcs": "em", "tools": "/no/such/docs.jsonl"}, "tools: /no/such/docs.jsonl: no such file"),
     ],
