@@ -24,6 +24,9 @@ training           :class:`RLTrainer`, :class:`RLConfig`, :func:`run_sft`, :clas
 trajectories       :class:`Trajectory`, :class:`SamplingParams`, :class:`TrajectoryWriter`,
                    :func:`read_trajectories`
 configuration      :class:`RunConfig`, :func:`load_config`
+TRL's front doors  :class:`GRPOTrainer`, :class:`GRPOConfig` (the whole ``provrl run`` on your
+                   QA data and reward functions), :class:`SFTTrainer`, :class:`SFTConfig`
+                   (provrl's SFT section, TRL's names, plus ``output_dir``)
 metrics            :class:`MetricsWriter`
 =================  ==========================================================================
 
@@ -60,7 +63,10 @@ _EXPORTS = {
     "RLTrainer": "provrl.train",
     "RLConfig": "provrl.train",
     "run_sft": "provrl.train",
-    "SFTConfig": "provrl.train",
+    "SFTConfig": "provrl.trainers",
+    "GRPOTrainer": "provrl.trainers",
+    "GRPOConfig": "provrl.trainers",
+    "SFTTrainer": "provrl.trainers",
     "Trajectory": "provrl.provenance",
     "SamplingParams": "provrl.provenance",
     "TrajectoryWriter": "provrl.trajlog",

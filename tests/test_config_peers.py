@@ -38,11 +38,15 @@ def _candidates(dotted: str) -> list[str]:
         return [str(d / 2 if d else 0.5), "0.37", "1.5", "3.0"]
     if isinstance(d, str):
         return [*literal, "somewhere/else"]
-    return ["0.3", "1.5", "3.0", "2", "[tensorboard]"]
+    return ["0.3", "1.5", "3.0", "2", "[tensorboard]", "[0.5]"]
 
 
-NEEDS = {"rl.lr_schedule": ["rl.lr_decay_steps=10"]}
-"""What a field's test value needs besides (a decaying schedule needs decay steps)."""
+NEEDS = {
+    "rl.lr_schedule": ["rl.lr_decay_steps=10"],
+    "env.agent.reward_weights": ["env.agent.rewards=[em]"],
+}
+"""What a field's test value needs besides (a decaying schedule needs decay steps, a weight
+its reward function)."""
 
 
 def _value(dotted: str) -> tuple[str, object]:

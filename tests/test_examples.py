@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -17,6 +18,7 @@ ARGS = {
     ],
     "custom_reward.py": lambda tmp, world: ["--k", "2", "--out", str(tmp)],
     "own_tasks.py": lambda tmp, world: ["--out", str(tmp)],
+    "grpo_trainer.py": lambda tmp, world: [],  # README's example as it is: runs in a temp dir
 }  # fmt: skip
 """The fast arguments of each example (a new example must be added here)."""
 
@@ -38,15 +40,35 @@ def _last_json(stdout: str) -> dict:
     raise AssertionError(f"no JSON in the output:\n{stdout}")
 
 
+README_BLOCK = ("# --- README: From Python ---\n", "# --- end ---")
+"""The markers of README's "From Python" example in examples/grpo_trainer.py."""
+
+
+def test_the_readme_example_is_the_script():
+    script = (EXAMPLES / "grpo_trainer.py").read_text()
+    code = script.split(README_BLOCK[0], 1)[1].split(README_BLOCK[1], 1)[0].rstrip()
+    readme = (EXAMPLES.parent / "README.md").read_text().split("## From Python", 1)[1]
+    assert f"```python\n{code}\n```" in readme
+
+
 @pytest.mark.parametrize("name", sorted(ARGS))
 def test_example_runs(name, tmp_path, small_world):
+    # every example runs from a scratch directory holding examples/data (what the README
+    # example reads, relative to the repository root), so nothing is written in the tree
+    shutil.copytree(EXAMPLES / "data", tmp_path / "examples" / "data")
     res = subprocess.run(
         [sys.executable, str(EXAMPLES / name), *ARGS[name](tmp_path / "out", small_world)],
         capture_output=True,
         text=True,
         timeout=600,
+        cwd=tmp_path,
     )
     assert res.returncode == 0, res.stderr[-3000:]
+    if name == "grpo_trainer.py":
+        run = tmp_path / "runs" / "grpo-demo"
+        assert res.stdout.strip().splitlines()[-1] == str(Path("runs/grpo-demo/rl/ckpt-v2"))
+        assert json.loads((run / "rl" / "done.json").read_text())["steps"] == 2
+        return
     out = _last_json(res.stdout)
     if name == "custom_loop.py":
         assert out["step"] == 0 and out["version"] == 1 and out["action_tokens"] > 0

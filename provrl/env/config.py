@@ -261,11 +261,37 @@ class AgentConfig(Section):
         "cheaper than success (needs c · max_tool_calls < 1). Typical 0.05-0.15; 0 = off.",
     )
 
+    rewards: tuple[str, ...] = Field(
+        (),
+        description="Reward functions whose weighted sum replaces the outcome formula above "
+        "(reward, format_penalty, tool_call_cost): built-ins em, f1, format (1 for a "
+        "well-formed answer), outcome (that formula), a function registered in this process "
+        "(provrl.env.rewards.register_reward; what provrl.GRPOTrainer does with its "
+        "reward_funcs) or an importable 'module:function' with TRL's reward signature. Each "
+        "one's score is in the trajectory's metrics as reward/<name>. () = the formula.",
+    )
+    reward_weights: tuple[float, ...] = Field(
+        (),
+        description="Weights of the rewards, in order (() = all 1).",
+        **peer_names("reward_weights", trl="reward_weights"),
+    )
+
     @field_validator("top_k", mode="before")
     @classmethod
     def _peer_top_k_off(cls, v: object) -> object:
         """verl's and vLLM's top_k = -1 (off) is provrl's 0."""
         return 0 if v == -1 else v
+
+    @model_validator(mode="after")
+    def _check_rewards(self) -> AgentConfig:
+        if self.reward_weights and len(self.reward_weights) != len(self.rewards):
+            raise ValueError(
+                f"reward_weights has {len(self.reward_weights)} weights for "
+                f"{len(self.rewards)} rewards"
+            )
+        if len(set(self.rewards)) != len(self.rewards):
+            raise ValueError(f"rewards names a function twice: {list(self.rewards)}")
+        return self
 
     @model_validator(mode="after")
     def _check_prompt(self) -> AgentConfig:

@@ -78,13 +78,20 @@ class Task:
     evidence: list[str]
     min_searches: int
     oracle: list[OracleStep] = field(default_factory=list)
+    columns: dict[str, Any] = field(default_factory=dict)
+    """A plain record's fields as read (a dataset row: question, answer and any other
+    column), which reward functions receive as keyword arguments; empty for a world task."""
 
     @property
     def answers(self) -> list[str]:
         return [self.answer, *self.aliases]
 
     def to_json(self) -> dict[str, Any]:
-        return asdict(self)
+        """The task as a record (``columns`` only when there are any)."""
+        d = asdict(self)
+        if not d["columns"]:
+            del d["columns"]
+        return d
 
 
 # ----------------------------------------------------------------------------- schema
@@ -142,10 +149,13 @@ def task_from_json(d: Any, where: str) -> Task:
                 f"{where}: field {key!r} must be {getattr(typ, '__name__', typ)}, "
                 f"got {type(v).__name__} {v!r}"
             )
-    unknown = set(d) - set(_SCHEMA)
+    columns = d.get("columns", {})
+    if not isinstance(columns, dict):
+        raise TaskFileError(f"{where}: field 'columns' must be an object, got {columns!r}"[:200])
+    unknown = set(d) - set(_SCHEMA) - {"columns"}
     if unknown:
         raise TaskFileError(f"{where}: unknown field {sorted(unknown)[0]!r}")
-    _check_sizes(d, where)
+    _check_sizes({k: v for k, v in d.items() if k != "columns"}, where)
     if d["split"] not in SPLITS:
         raise TaskFileError(f"{where}: field 'split' must be one of {SPLITS}, got {d['split']!r}")
     if d["tier"] not in TIER_NAMES and d["tier"] != USER_TIER:
@@ -220,7 +230,8 @@ PLAIN_ANSWER_KEYS = ("answer", "answers", "golden_answers")
 def plain_task_from_json(d: Any, where: str, lineno: int, split: str) -> Task:
     """A task from a plain record ``{"question": str, "answer": str | [str, ...], "id"?}``:
     the first answer is the reference, the rest are aliases (exact match accepts any).
-    Other fields are ignored; errors name ``where`` and the field."""
+    The whole record is kept as ``columns`` (reward functions receive it); errors name
+    ``where`` and the field."""
     if not isinstance(d, dict):
         raise TaskFileError(f"{where}: expected a JSON object, got {type(d).__name__}")
     q = d.get("question")
@@ -234,7 +245,7 @@ def plain_task_from_json(d: Any, where: str, lineno: int, split: str) -> Task:
             f"'answers' and 'golden_answers' are read too)"
         )
     raw = d[key]
-    _check_sizes({"question": q, key: raw}, where)  # other fields are ignored, so not capped
+    _check_sizes({"question": q, key: raw}, where)  # the line's size caps the other fields
     answers = [raw] if isinstance(raw, str) else raw
     if (
         not isinstance(answers, list)
@@ -259,6 +270,7 @@ def plain_task_from_json(d: Any, where: str, lineno: int, split: str) -> Task:
         answer_entity="",
         evidence=[],
         min_searches=0,
+        columns=dict(d),
     )
 
 

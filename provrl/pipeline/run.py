@@ -64,15 +64,20 @@ def slices(train: list[Task], test: list[Task], cfg: RunConfig) -> dict[str, lis
         )
     warm = pool[: s.warmstart] if cfg.pipeline.warmstart and not cfg.pipeline.warmstart_data else []
     probe = pool[s.warmstart : s.warmstart + s.probe]
+    e = cfg.pipeline.eval
+    held_out = [t for t in test if t.tier in s.tiers]
+    if e.file is not None:  # the user's own held-out tasks, every tier
+        held_out = read_task_file(e.file, split=e.split)
     if s.file is not None:
         probe = read_task_file(s.file, split="train")
-        overlap = {t.question for t in probe} & {t.question for t in test}
+        overlap = {t.question for t in probe} & {t.question for t in held_out}
         if overlap:
+            where = f"pipeline.eval.file={e.file}" if e.file else "the test split"
             raise ConfigError(
-                f"pipeline.tasks.file={s.file}: {len(overlap)} question(s) also in the test "
-                f"split, e.g. {next(iter(overlap))!r}; RL tasks must be disjoint from the eval"
+                f"pipeline.tasks.file={s.file}: {len(overlap)} question(s) also in {where}, "
+                f"e.g. {next(iter(overlap))!r}; RL tasks must be disjoint from the eval"
             )
-    ev = select_tasks([t for t in test if t.tier in s.tiers], s.eval, s.seed)
+    ev = select_tasks(held_out, s.eval, s.seed)
     return {"warmstart": warm, "probe": probe, "eval": ev}
 
 

@@ -110,14 +110,16 @@ def evaluate_policy(
     progress: bool,
     engines: EngineFactory,
 ) -> dict[str, Any]:
-    """Evaluate ``policy`` on the eval slice of the held-out split (``pipeline.eval.split``),
-    k samples per task, with
-    binomial standard errors; resumable (samples in the log are not rerun)."""
+    """Evaluate ``policy`` on the eval slice of the held-out split (``pipeline.eval.split``,
+    or the tasks of ``pipeline.eval.file``), k samples per task, with binomial standard
+    errors; resumable (samples in the log are not rerun)."""
     e = cfg.pipeline.eval
     env_cfg = _env_for(cfg, concurrency=e.concurrency)
     env_cfg.agent.temperature = e.temperature
     env_cfg.eval.split, env_cfg.eval.k = e.split, e.k
     env_cfg.eval.n, env_cfg.eval.tiers = len(tasks), tuple(cfg.pipeline.tasks.tiers)
+    if e.file is not None:  # the user's tasks (tier 0): no tier filter
+        env_cfg.eval.tiers = ()
     env_cfg.eval.seed = cfg.pipeline.tasks.seed
     out = evaluate(
         policy,
@@ -128,6 +130,7 @@ def evaluate_policy(
         dtype=cfg.model.dtype,
         engine_cfg=stage_engine_config(cfg, e.concurrency),
         make_engine=engines,
+        tasks_file=e.file,
     )
 
     trajs = read_all(run.root / "eval" / name / "trajectories.jsonl")

@@ -46,7 +46,14 @@ from provrl.env.prompts import (
     format_hits,
 )
 from provrl.env.protocol import Call, Malformed, parse, stop_strings
-from provrl.env.rewards import exact_match, reward, token_f1
+from provrl.env.rewards import (
+    Episode,
+    RewardSum,
+    exact_match,
+    reward,
+    reward_sum,
+    token_f1,
+)
 from provrl.env.search import QueryError, SearchBackend, SearchError
 from provrl.env.tasks import PLAIN_KIND, Task
 from provrl.models.chat import chat_ids, continuation_ids, stop_token_ids, tokenizer_identity
@@ -70,9 +77,16 @@ class AgentEnv:
     """(question, world wording: :func:`world_wording`) → prompt ids (:func:`prompt_ids`),
     cached: the k samples of a task share one prompt, which with worked examples is thousands
     of tokens to render and tokenize."""
+    rewards: RewardSum | None = field(init=False, repr=False)
+    """``agent.rewards`` resolved (:func:`~provrl.env.rewards.reward_sum`); None: the
+    outcome formula of :func:`~provrl.env.rewards.reward`."""
 
     def __post_init__(self) -> None:
         self.codec = ObservationCodec(self.tokenizer, self.agent)
+        a = self.agent
+        self.rewards = (
+            reward_sum(a.rewards, a.reward_weights, outcome_reward(a)) if a.rewards else None
+        )
         instructions = {w: self.agent.instructions(world=w) for w in (True, False)}
         self.prompt = functools.lru_cache(maxsize=256)(
             lambda q, world: tuple(
@@ -85,6 +99,24 @@ def world_wording(task: Task, search: SearchConfig) -> bool:
     """Whether ``env.agent.prompt: auto`` speaks of the built-in world: on its tasks and its
     index, not on a plain question/answer task or your own index."""
     return task.kind != PLAIN_KIND and not search.index
+
+
+def outcome_reward(a: AgentConfig) -> Callable[[Episode], float]:
+    """env.agent's own formula (:func:`~provrl.env.rewards.reward`) as a reward function:
+    the built-in ``outcome``."""
+
+    def outcome(e: Episode) -> float:
+        return reward(
+            e.prediction,
+            e.task.answers,
+            kind=a.reward,
+            format_ok=e.format_ok,
+            format_penalty=a.format_penalty,
+            tool_calls=e.tool_calls,
+            tool_call_cost=a.tool_call_cost,
+        )
+
+    return outcome
 
 
 def prompt_ids(
@@ -273,6 +305,9 @@ def run_episode(
     finish = "max_turns"
     turn = 0
     max_new = min(a.max_new_tokens, budget - len(prompt))
+    scored = env.rewards is not None  # reward functions read the turns as messages
+    completion: list[Message] = []
+    completion_ids: list[int] = []
     t0 = time.perf_counter()
     fut = env.engine.submit(prompt, _params(env, max_new, derive_seed(seed, 0)), request_id=traj_id)
     try:
@@ -285,6 +320,10 @@ def run_episode(
             n.turns += 1
             b.add_sampled(out)
             text = tok.decode(out.token_ids, skip_special_tokens=False)
+            if scored:
+                content = tok.decode(out.token_ids, skip_special_tokens=True)
+                completion.append({"role": "assistant", "content": content})
+                completion_ids.extend(int(i) for i in out.token_ids)
             parsed = parse(text, a.protocol)
             if isinstance(parsed, Call) and parsed.name == "answer":  # done: score it below
                 answer = parsed.argument
@@ -323,6 +362,9 @@ def run_episode(
                 break
             b.next_turn()
             b.add_observation(obs_ids)
+            if scored:
+                completion.append({"role": a.observation_role, "content": obs})
+                completion_ids.extend(obs_ids)
             t0 = time.perf_counter()
             fut = env.engine.submit_continue(
                 traj_id, obs_ids, _params(env, min(a.max_new_tokens, room), derive_seed(seed, turn))
@@ -333,8 +375,18 @@ def run_episode(
         with contextlib.suppress(EngineError):
             env.engine.release(traj_id)
     format_ok = answer is not None and n.malformed == 0
-    traj = b.build(
-        reward=reward(
+    metrics = _metrics(
+        task,
+        b,
+        answer,
+        searches=n.searches,
+        opens=n.opens,
+        malformed=n.malformed,
+        turns=n.turns,
+        truncated=n.truncated_obs,
+    )
+    if env.rewards is None:
+        score = reward(
             answer,
             task.answers,
             kind=a.reward,
@@ -342,17 +394,22 @@ def run_episode(
             format_penalty=a.format_penalty,
             tool_calls=n.tool_calls,
             tool_call_cost=a.tool_call_cost,
-        ),
-        metrics=_metrics(
+        )
+    else:  # the weighted sum of env.agent.rewards, each function's score in the metrics
+        episode = Episode(
             task,
-            b,
             answer,
-            searches=n.searches,
-            opens=n.opens,
-            malformed=n.malformed,
-            turns=n.turns,
-            truncated=n.truncated_obs,
-        ),
+            build_messages(task.question, a.protocol, env.shots),
+            completion or [{"role": "assistant", "content": ""}],
+            completion_ids,
+            format_ok,
+            n.tool_calls,
+        )
+        score, parts = env.rewards(episode)
+        metrics.update(parts)
+    traj = b.build(
+        reward=score,
+        metrics=metrics,
         timings={
             "generation": n.t_gen,
             "tools": n.t_tools,

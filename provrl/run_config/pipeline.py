@@ -238,6 +238,12 @@ class EvalStageConfig(Section):
     temperature: float = Field(
         1.0, ge=0, description="Sampling temperature at evaluation (the policy as trained)."
     )
+    file: str | None = Field(
+        None,
+        description="A task file (plain {question, answer} JSONL or provrl tasks) evaluated "
+        "instead of the world's split (all of it, or pipeline.tasks.eval of it; tiers do not "
+        "apply); disjoint from pipeline.tasks.file. GRPOTrainer's eval_dataset.",
+    )
     concurrency: int = Field(32, ge=1, description="Agent loops in flight during evaluation.")
 
 

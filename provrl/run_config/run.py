@@ -101,6 +101,10 @@ class RunConfig(Section):
         "eval_steps": "no held-out eval during RL yet; pipeline.eval runs after the RL stage",
         "importance_sampling_level": "rl.objective.correction chooses the ratio: token_is "
         "per token, gspo per sequence (TRL's 'sequence'), and the other corrections",
+        "num_train_epochs": "the RL stage runs max_steps (pipeline.loop.steps) steps and the "
+        "curriculum picks each next task, not epochs (sft.num_train_epochs is the SFT stages')",
+        "logging_steps": "every RL step is logged (RUN/rl/metrics.jsonl, TensorBoard, "
+        "logging.report_to)",
         "trainer.test_freq": "no held-out eval during RL yet; pipeline.eval runs after RL",
         "trainer.save_freq": "every RL step is checkpointed before its weights are hot-loaded",
     }

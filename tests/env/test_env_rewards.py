@@ -38,3 +38,79 @@ def test_contains_answer_whole_words():
     assert contains_answer("born in 1971 in Dunmere", ["1971"])
     assert not contains_answer("born in the 1970s", ["1971"])
     assert not contains_answer("Dunmeres", ["Dunmere"])
+
+
+# ----------------------------------------------------------------------------- reward functions
+def _episode(prediction="Dunmere", columns=None, format_ok=True):
+    from provrl.env.rewards import Episode
+    from provrl.env.tasks import plain_task_from_json
+
+    row = columns or {"question": "Where is Halvex?", "answer": ["Dunmere", "Dunmere City"]}
+    task = plain_task_from_json(row, "x:1", 1, "train")
+    completion = [{"role": "assistant", "content": f"<answer>{prediction}</answer>"}]
+    return Episode(task, prediction, [], completion, [1, 2, 3], format_ok, 2)
+
+
+def test_a_trl_reward_gets_the_episode_and_the_dataset_columns():
+    from provrl.env.rewards import trl_reward
+
+    seen = {}
+
+    def correct(completions, answer, difficulty, **kwargs):
+        seen.update(kwargs, answer=answer, difficulty=difficulty)
+        return [float(answer[0][0] in completions[0][-1]["content"])]
+
+    row = {"question": "Where is Halvex?", "answer": "Dunmere", "difficulty": 3}
+    assert trl_reward(correct)(_episode(columns=row)) == 1.0
+    assert seen["difficulty"] == [3] and seen["question"] == ["Where is Halvex?"]
+    assert seen["completion_ids"] == [[1, 2, 3]] and seen["prompts"] == [[]]
+
+
+def test_a_reward_sum_weighs_each_function_and_records_it():
+    from provrl.env.rewards import register_reward, reward_sum, trl_reward
+
+    register_reward("short", trl_reward(lambda completions, **kw: [-0.1 * len(completions[0])]))
+    total, parts = reward_sum(["em", "short", "format"], [1.0, 2.0, 0.5], lambda e: 0.0)(_episode())
+    assert parts == {"reward/em": 1.0, "reward/short": -0.1, "reward/format": 1.0}
+    assert total == pytest.approx(1.0 - 0.2 + 0.5)
+    total, parts = reward_sum(["f1", "outcome"], [], lambda e: 7.0)(_episode("Dunmere Town"))
+    assert parts == {"reward/f1": pytest.approx(2 / 3), "reward/outcome": 7.0}  # P ½, R 1
+    assert total == pytest.approx(7 + 2 / 3)
+
+
+@pytest.mark.parametrize(
+    ("fn", "match"),
+    [
+        (lambda completions, **kw: 1.0, "returns a list with one float"),
+        (lambda completions, **kw: [float("nan")], "a finite float"),
+        (lambda completions, **kw: ["yes"], "a finite float"),
+    ],
+)
+def test_a_reward_that_returns_no_score_is_one_line(fn, match):
+    from provrl.env.rewards import RewardError, register_reward, reward_sum, trl_reward
+
+    register_reward("bad", trl_reward(fn, "bad"))
+    with pytest.raises(RewardError, match=match) as e:
+        reward_sum(["bad"], [], lambda e: 0.0)(_episode())
+    assert "\n" not in str(e.value) and "'bad'" in str(e.value)
+
+
+def test_a_none_score_counts_zero_and_is_not_recorded():
+    from provrl.env.rewards import register_reward, reward_sum, trl_reward
+
+    register_reward("abstain", trl_reward(lambda completions, **kw: [None]))
+    assert reward_sum(["abstain", "em"], [], lambda e: 0.0)(_episode()) == (
+        1.0,
+        {"reward/em": 1.0},
+    )
+
+
+def test_unknown_and_imported_reward_names():
+    from provrl.env.rewards import RewardError, reward_function
+
+    with pytest.raises(RewardError, match="not a built-in or registered"):
+        reward_function("nope", lambda e: 0.0)
+    with pytest.raises(RewardError, match="cannot import it"):
+        reward_function("no_such_module_x:f", lambda e: 0.0)
+    fn = reward_function("reward_fixture:one_per_turn", lambda e: 0.0)
+    assert fn(_episode()) == 1.0

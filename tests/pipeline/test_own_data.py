@@ -10,6 +10,7 @@ from pathlib import Path
 from provrl.cli.entry import main
 from provrl.env.collection import index_collection
 from provrl.env.tasks import USER_TIER, load_tasks
+from provrl.trajlog import read_trajectories
 
 DOCS = [
     {"id": "d1", "title": "Halvex Institute", "text": "The Halvex Institute is in Dunmere."},
@@ -21,6 +22,7 @@ TASKS = [
     {"question": "Where was Orlan Vesk born?", "answer": ["Tarsby"], "tier": 3},
     {"id": "m", "question": "Who is the mayor of Tarsby?", "answer": "Ida Brenn"},
 ]
+HELD_OUT = [{"question": "Who founded the Halvex Institute?", "answer": "Orlan Vesk", "level": 1}]
 CHAT = [
     {"messages": [{"role": "user", "content": "Where is the Halvex Institute?"},
                   {"role": "assistant", "content": "<search>Halvex Institute</search>"}]},
@@ -50,14 +52,20 @@ def test_run_on_a_plain_qa_file_a_user_index_and_a_user_warm_start_file(tmp_path
     index = tmp_path / "docs.sqlite"
     index_collection(_jsonl(tmp_path / "docs.jsonl", DOCS), index)
     chat = _jsonl(tmp_path / "chat.jsonl", CHAT)
+    held_out = _jsonl(tmp_path / "held_out.jsonl", HELD_OUT)
     run = tmp_path / "run"
     rc = _run(
         run,
         f"pipeline.tasks.file={tasks}",
         f"env.search.index={index}",
         f"pipeline.warmstart_data=[{chat}]",
+        f"pipeline.eval.file={held_out}",
     )
     assert rc == 0
+    ev = json.loads((run / "eval" / "done.json").read_text())["rl"]
+    assert ev["n"] == 1  # the user's held-out file, not the world's test split
+    trajs = read_trajectories(run / "eval" / "rl" / "trajectories.jsonl")
+    assert {t.meta["question"] for t in trajs} == {HELD_OUT[0]["question"]}
     probed = load_tasks(run / "probe" / "tasks.jsonl")  # strict re-read of the stage file
     assert [t.tier for t in probed] == [USER_TIER] * 3
     pools = [t for p in ("kept", "unsolved", "solved") for t in load_tasks(run / "filter" / f"{p}.jsonl")]  # fmt: skip

@@ -239,3 +239,32 @@ def test_episode_prompt_follows_the_task(engine, tiny, small_world, small_search
         prompt = tiny.tokenizer.decode(tr.token_id[: tr.segments[0].end])
         assert ("fictional world" in prompt) is fictional
         assert f"Question: {t.question}" in prompt
+
+
+def test_reward_functions_score_the_episode_and_are_recorded(
+    engine, tiny, small_world, small_search
+):
+    """env.agent.rewards: the weighted sum is the trajectory's reward, each function's score
+    is in its metrics, and a TRL reward sees the episode's turns as chat messages."""
+    from provrl.env.rewards import register_reward, trl_reward
+
+    seen = []
+
+    def turns(completions, question, **kwargs):
+        seen.append((completions[0], question[0], kwargs["completion_ids"][0]))
+        return [float(sum(m["role"] == "assistant" for m in completions[0]))]
+
+    register_reward("turns", trl_reward(turns))
+    env = make_env(engine, tiny, small_search, rewards=("turns", "format", "outcome"),
+                   reward_weights=(0.5, 1.0, 2.0), format_penalty=0.25)  # fmt: skip
+    task = load_split(small_world, "dev")[0]
+    tr = run_episode(env, task, traj_id="r0", seed=0)
+    tr.validate()
+    assert tr.metrics["reward/turns"] == tr.metrics["turns"] == 4  # the tiny model: 4 malformed
+    assert tr.metrics["reward/format"] == 0.0 and tr.metrics["reward/outcome"] == -0.25
+    assert tr.reward == 0.5 * 4 + 0.0 + 2.0 * -0.25
+    completion, question, ids = seen[0]
+    assert question == task.question
+    assert [m["role"] for m in completion] == ["assistant", "user"] * 3 + ["assistant"]
+    prompt_len = tr.segments[0].end
+    assert ids == tr.token_id[prompt_len:].tolist()
