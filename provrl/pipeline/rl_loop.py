@@ -56,14 +56,13 @@ from __future__ import annotations
 import contextlib
 import json
 import time
-from collections import Counter, defaultdict
+from collections import defaultdict
 from collections.abc import Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 import torch
 from tqdm import tqdm
 
@@ -86,6 +85,7 @@ from provrl.pipeline.admission import (
 )
 from provrl.pipeline.build import build_rl_parts
 from provrl.pipeline.curriculum import Curriculum, Evidence, has_signal
+from provrl.pipeline.rl_stats import SignalCount, batch_row, batch_stats
 from provrl.pipeline.rundir import COMPLETE, RunDir
 from provrl.pipeline.steplog import (
     STEPS,
@@ -120,65 +120,6 @@ class RLState:
     """Refused (non-finite) step attempts so far (:class:`~provrl.train.learner.NonFiniteGuard`)."""
     wall_s: float = 0.0
     trainer_busy_s: float = 0.0
-
-
-BATCH_SCALARS = (
-    "accuracy",
-    "tool_calls",
-    "tool_calls_solved",
-    "malformed",
-    "action_tokens",
-    "mixed_version_trajectories",
-    "max_lag",
-    "distinct_share",
-    "zero_signal_share",
-    "kv_stale_share",
-)
-"""The scalars of :func:`batch_stats` that go to the metrics sink (``rl_batch/…``)."""
-
-
-def batch_row(record: dict[str, Any]) -> dict[str, Any]:
-    """The metrics sink's ``rl_batch`` row of a step record (the same whether the record was
-    just made or read back to rebuild a row a kill lost)."""
-    return {k: record[k] for k in BATCH_SCALARS if isinstance(record.get(k), int | float)}
-
-
-def distinct_share(groups: Sequence[Group]) -> float:
-    """Share of a batch's samples that differ from every earlier sample of their group:
-    Σ_g |{distinct action-token sequences of g}| / Σ_g |g|. A group of k identical samples
-    counts 1/k: it spends k samples' compute on one sample's information."""
-    distinct = sum(len({t.token_id[t.is_action].tobytes() for t in g.trajectories}) for g in groups)
-    return distinct / max(1, sum(len(g.trajectories) for g in groups))
-
-
-def batch_stats(groups: Sequence[Group], trainer_version: int) -> dict[str, Any]:
-    """Outcome and provenance statistics of one training batch."""
-    trajs = [t for g in groups for t in g.trajectories]
-    em = np.array([t.metrics.get("exact_match", 0.0) for t in trajs])
-    calls = np.array([t.metrics.get("num_tool_calls", 0.0) for t in trajs])
-    lags: Counter[int] = Counter()
-    mixed = kv_stale = actions = 0
-    for t in trajs:
-        v = t.version[t.is_action]
-        lags.update((trainer_version - v).tolist())
-        mixed += len(np.unique(v)) > 1
-        km = t.kv_min[t.is_action]  # attended to KV of older weights (unknown, -2: not counted)
-        kv_stale += int(((km >= 0) & (km < v)).sum())
-        actions += len(v)
-    return {
-        "accuracy": float(em.mean()),
-        "tool_calls": float(calls.mean()),
-        "tool_calls_solved": float(calls[em > 0].mean()) if (em > 0).any() else float("nan"),
-        "malformed": float(np.mean([t.metrics.get("malformed_calls", 0.0) for t in trajs])),
-        "action_tokens": float(np.mean([t.num_actions for t in trajs])),
-        "mixed_version_trajectories": mixed,
-        "kv_stale_share": kv_stale / max(1, actions),
-        "lag_histogram": {str(k): int(v) for k, v in sorted(lags.items())},
-        "max_lag": max(lags) if lags else 0,
-        "distinct_share": distinct_share(groups),
-        "groups_K": [g.successes for g in groups],
-        "trained": [t.traj_id for t in trajs],
-    }
 
 
 class RLLoop:
@@ -261,12 +202,8 @@ class RLLoop:
         """Groups started (or resubmitted) and not yet trained or dropped."""
         self.groups_dropped = 0
         """Groups this session dropped as too stale (async)."""
-        self.signal = {"groups": 0, "zero_signal_groups": 0, "tokens": 0, "zero_signal_tokens": 0}
-        self.signal_mark = (0, 0)
-        """(groups, zero-signal groups) finished when the last step was recorded."""
+        self.signal = SignalCount()
         """Finished groups this session, and how many (and their tokens) had no signal."""
-        self.zero_streak = 0
-        """Finished groups in a row without signal."""
         self.step_time, self.group_time = RecentMedian(), RecentMedian()
         self.zero_rate = Ema()
         """Paced admission's estimates: a step's wall time (train, save, load), a group's
@@ -436,24 +373,18 @@ class RLLoop:
             t0 = self.started_at.pop(g.key, None)
             if t0 is not None:
                 self.group_time.update(time.perf_counter() - t0)
-            tokens = sum(len(t) for t in g.trajectories)
-            self.signal["groups"] += 1
-            self.signal["tokens"] += tokens
             signal = has_signal(g.rewards)
+            self.signal.add(sum(len(t) for t in g.trajectories), signal)
             self.zero_rate.update(0.0 if signal else 1.0)
-            self.zero_streak = 0 if signal else self.zero_streak + 1
             if signal or not self.cfg.pipeline.curriculum.skip_zero_signal:
                 self.ready.append(g)
             else:
                 self.state.skipped.extend(t.traj_id for t in g.trajectories)
                 self.outstanding -= 1
-            if not signal:
-                self.signal["zero_signal_groups"] += 1
-                self.signal["zero_signal_tokens"] += tokens
         limit = self.cfg.pipeline.curriculum.zero_signal_limit
-        if self.cfg.pipeline.curriculum.skip_zero_signal and self.zero_streak >= limit:
+        if self.cfg.pipeline.curriculum.skip_zero_signal and self.signal.streak >= limit:
             raise ConfigError(
-                f"rl: {self.zero_streak} finished groups in a row had no signal (all rewards "
+                f"rl: {self.signal.streak} finished groups in a row had no signal (all rewards "
                 "equal): nothing to train on — check the reward, or set "
                 "pipeline.curriculum.skip_zero_signal: false"
             )
@@ -494,7 +425,7 @@ class RLLoop:
         if self.cfg.pipeline.curriculum.enabled:
             self.curriculum.advance(result.version)
         stats["pools"] = self.curriculum.counts()
-        stats.update(self.signal_since_last_step())
+        stats.update(self.signal.since_last_step())
         if self.loop.admission == "paced":  # the estimates the next starts are paced by
             stats["paced_step_s"], stats["paced_group_s"] = self.step_time.value, self.group_time.value  # fmt: skip
         stats["nonfinite_skipped"] = self.guard.since_last_step()
@@ -508,17 +439,6 @@ class RLLoop:
         release_memory()
         self.bar.update(1)
         self.bar.set_postfix(acc=f"{stats['accuracy']:.2f}", calls=f"{stats['tool_calls']:.2f}")
-
-    def signal_since_last_step(self) -> dict[str, Any]:
-        """Groups finished since the previous step and the share of them without signal
-        (all rewards equal: skipped, never trained)."""
-        (g0, z0), g, z = self.signal_mark, self.signal["groups"], self.signal["zero_signal_groups"]
-        self.signal_mark = (g, z)
-        return {
-            "finished_groups": g - g0,
-            "zero_signal_groups": z - z0,
-            "zero_signal_share": (z - z0) / max(1, g - g0),
-        }
 
     def step_record(
         self, version: int, step_metrics: dict[str, Any], stats: dict[str, Any]
@@ -687,12 +607,7 @@ class RLLoop:
             },
             "collector": self.collector_summary,
             "curriculum": self.curriculum.summary(),
-            "zero_signal": {
-                **self.signal,
-                "groups_frac": self.signal["zero_signal_groups"] / max(1, self.signal["groups"]),
-                "tokens_frac": self.signal["zero_signal_tokens"] / max(1, self.signal["tokens"]),
-                "trajectories_skipped": len(self.state.skipped),
-            },
+            "zero_signal": self.signal.summary(len(self.state.skipped)),
             "nonfinite_steps": self.guard.total,
         }
         if fleet is not None:

@@ -95,7 +95,7 @@ def test_a_group_without_signal_is_skipped_never_trained_and_counted(tmp_path, s
         loop.take([flat, varied])
         assert loop.ready == [varied] and loop.outstanding == 1
         assert set(loop.state.skipped) == {t.traj_id for t in flat.trajectories}
-        assert loop.signal["zero_signal_groups"] == 1 and loop.signal["groups"] == 2
+        assert loop.signal.zero_signal_groups == 1 and loop.signal.groups == 2
         # a solved group whose rewards differ (fewer tool calls scored higher) has signal
         loop.take([_group(tasks[2], [0.9, 0.8, 0.9, 0.9])])
         assert len(loop.ready) == 2
@@ -111,7 +111,7 @@ def test_a_group_without_signal_is_skipped_never_trained_and_counted(tmp_path, s
 def test_distinct_share_counts_identical_samples_of_a_group_once():
     import numpy as np
 
-    from provrl.pipeline.rl_loop import distinct_share
+    from provrl.pipeline.rl_stats import distinct_share
 
     class T:
         def __init__(self, actions: list[int]) -> None:
