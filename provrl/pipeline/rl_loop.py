@@ -85,7 +85,7 @@ from provrl.pipeline.admission import (
 )
 from provrl.pipeline.build import build_rl_parts
 from provrl.pipeline.curriculum import Curriculum, Evidence, has_signal
-from provrl.pipeline.rl_stats import SignalCount, batch_row, batch_stats
+from provrl.pipeline.rl_stats import SignalCount, batch_row, batch_stats, stage_summary
 from provrl.pipeline.rundir import COMPLETE, RunDir
 from provrl.pipeline.steplog import (
     STEPS,
@@ -575,44 +575,29 @@ class RLLoop:
         fleet = fleet_summary(self.engine, eng)  # engine.backend: ray — versions per replica
         trainer_info = self.learner.info()
         self.close()
-        wall = time.perf_counter() - self.t_start
-        session = time.perf_counter() - self.t_session
         latest = self.run_dir.latest_checkpoint()
-        summary = {
-            "mode": self.loop.mode,
-            "steps": self.state.steps,
-            "final_version": self.state.version,
-            "checkpoint": str(latest[1]) if latest else self.start_policy,
-            "trajectories_trained": len(self.state.trained),
-            "groups_dropped_stale": self.groups_dropped + self.dropped_before,
-            "resumed": self.resumed,
-            "resume_notes": self.resume.notes,
-            "wall_s": wall,
-            "stage_wall_s": wall,
-            "session_wall_s": session,
-            "trainer_busy_s": self.trainer_busy,
-            "trainer_idle_frac": max(0.0, 1 - self.trainer_busy / wall) if wall else 0.0,
-            # the engine's counters cover this process only (a resumed run starts a new engine)
-            "engine_busy_frac": min(
-                1.0, eng.get("busy_s", 0.0) / eng.get("replicas", 1.0) / session
-            )
-            if session
-            else 0.0,
-            "threads": {"engine": self.engine_threads, "trainer": self.trainer_threads},
-            "trainer": trainer_info,
-            "engine": {
-                k: eng[k]
-                for k in ("tokens_generated", "hotloads", "evictions", "busy_s")
-                if k in eng
-            },
-            "collector": self.collector_summary,
-            "curriculum": self.curriculum.summary(),
-            "zero_signal": self.signal.summary(len(self.state.skipped)),
-            "nonfinite_steps": self.guard.total,
-        }
-        if fleet is not None:
-            summary["ray"] = fleet
-        return summary
+        return stage_summary(
+            mode=self.loop.mode,
+            steps=self.state.steps,
+            version=self.state.version,
+            checkpoint=str(latest[1]) if latest else self.start_policy,
+            trained=len(self.state.trained),
+            dropped=self.groups_dropped + self.dropped_before,
+            resumed=self.resumed,
+            notes=self.resume.notes,
+            wall_s=time.perf_counter() - self.t_start,
+            session_s=time.perf_counter() - self.t_session,
+            trainer_busy_s=self.trainer_busy,
+            engine=eng,
+            fleet=fleet,
+            threads={"engine": self.engine_threads, "trainer": self.trainer_threads},
+            trainer=trainer_info,
+            collector=self.collector_summary,
+            curriculum=self.curriculum.summary(),
+            signal=self.signal,
+            skipped=len(self.state.skipped),
+            nonfinite_steps=self.guard.total,
+        )
 
 
 def run_rl(

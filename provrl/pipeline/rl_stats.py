@@ -129,3 +129,65 @@ class SignalCount:
             "tokens_frac": self.zero_signal_tokens / max(1, self.tokens),
             "trajectories_skipped": skipped,
         }
+
+
+def stage_summary(
+    *,
+    mode: str,
+    steps: int,
+    version: int,
+    checkpoint: str,
+    trained: int,
+    dropped: int,
+    resumed: dict[str, int],
+    notes: list[str],
+    wall_s: float,
+    session_s: float,
+    trainer_busy_s: float,
+    engine: dict[str, float],
+    fleet: dict[str, Any] | None,
+    threads: dict[str, int],
+    trainer: dict[str, Any],
+    collector: dict[str, Any],
+    curriculum: dict[str, Any],
+    signal: SignalCount,
+    skipped: int,
+    nonfinite_steps: int,
+) -> dict[str, Any]:
+    """The RL stage's summary (``RUN/rl/done.json``). ``wall_s`` and ``trainer_busy_s`` run
+    across resumes; ``session_s`` and ``engine`` (the engine's counters) cover this process
+    only — a resumed run starts a new engine; ``fleet``: the Ray replicas' versions, if any."""
+    summary = {
+        "mode": mode,
+        "steps": steps,
+        "final_version": version,
+        "checkpoint": checkpoint,
+        "trajectories_trained": trained,
+        "groups_dropped_stale": dropped,
+        "resumed": resumed,
+        "resume_notes": notes,
+        "wall_s": wall_s,
+        "stage_wall_s": wall_s,
+        "session_wall_s": session_s,
+        "trainer_busy_s": trainer_busy_s,
+        "trainer_idle_frac": max(0.0, 1 - trainer_busy_s / wall_s) if wall_s else 0.0,
+        "engine_busy_frac": min(
+            1.0, engine.get("busy_s", 0.0) / engine.get("replicas", 1.0) / session_s
+        )
+        if session_s
+        else 0.0,
+        "threads": threads,
+        "trainer": trainer,
+        "engine": {
+            k: engine[k]
+            for k in ("tokens_generated", "hotloads", "evictions", "busy_s")
+            if k in engine
+        },
+        "collector": collector,
+        "curriculum": curriculum,
+        "zero_signal": signal.summary(skipped),
+        "nonfinite_steps": nonfinite_steps,
+    }
+    if fleet is not None:
+        summary["ray"] = fleet
+    return summary
