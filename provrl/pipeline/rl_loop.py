@@ -54,26 +54,22 @@ tests kill at each)::
 from __future__ import annotations
 
 import contextlib
-import json
 import time
 from collections import defaultdict
 from collections.abc import Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import torch
 from tqdm import tqdm
 
-from provrl._sys import release_memory, rss_mb, write_atomic, write_json, writing
-from provrl.appendlog import AppendLog
+from provrl._sys import release_memory, rss_mb
 from provrl.config import ConfigError
 from provrl.distributed.factory import fleet_summary
 from provrl.engine.api import EngineFactory, HotLoadMode
 from provrl.env.tasks import Task
 from provrl.failpoints import failpoint
-from provrl.models.checkpoint import removed_unless_complete, write_manifest
 from provrl.pipeline.admission import (
     Ema,
     RecentMedian,
@@ -85,41 +81,15 @@ from provrl.pipeline.admission import (
 )
 from provrl.pipeline.build import build_rl_parts
 from provrl.pipeline.curriculum import Curriculum, Evidence, has_signal
-from provrl.pipeline.rl_stats import SignalCount, batch_row, batch_stats, stage_summary
-from provrl.pipeline.rundir import COMPLETE, RunDir
-from provrl.pipeline.steplog import (
-    STEPS,
-    keep_in_checkpoint,
-    redo_groups,
-    restore_metrics,
-    restore_steps,
-    resume_checkpoint,
-    step_line,
-)
+from provrl.pipeline.rl_stats import SignalCount, batch_stats, stage_summary
+from provrl.pipeline.rundir import RunDir
+from provrl.pipeline.steplog import StepLog
 from provrl.pipeline.steplog import read_steps as read_steps  # re-exported: its old home
 from provrl.provenance import Trajectory
 from provrl.rollout.collector import Collector, Group, group_key
 from provrl.run_config.run import RunConfig
 from provrl.train.learner import NonFiniteGuard
 from provrl.trajlog import TrajectoryWriter, read_trajectories
-
-
-@dataclass
-class RLState:
-    """What a checkpoint stores besides weights and optimizer (``state.json``)."""
-
-    version: int = 0
-    steps: int = 0
-    trained: list[str] = field(default_factory=list)
-    dropped: list[str] = field(default_factory=list)
-    skipped: list[str] = field(default_factory=list)
-    """Trajectories of groups without signal (all rewards equal): never trained."""
-    nonfinite: list[str] = field(default_factory=list)
-    """Trajectories of batches whose update was not finite (refused): never trained."""
-    nonfinite_steps: int = 0
-    """Refused (non-finite) step attempts so far (:class:`~provrl.train.learner.NonFiniteGuard`)."""
-    wall_s: float = 0.0
-    trainer_busy_s: float = 0.0
 
 
 class RLLoop:
@@ -160,42 +130,29 @@ class RLLoop:
         order_seed = cfg.pipeline.tasks.seed + 1 + (0 if self.loop.seed is None else 7919 * self.seed)  # fmt: skip
         self.curriculum = Curriculum(list(tasks), cfg.pipeline.curriculum, seed=order_seed)
         self.probe_groups = self.read_probe_groups(run.root / "probe" / "trajectories.jsonl")
-        self.resume = resume_checkpoint(run)  # a damaged newest: the one before (steplog)
-        latest = self.resume.checkpoint
-        self.state = RLState()
-        policy_path = start_policy
-        if latest is not None:
-            self.state = RLState(**json.loads((latest[1] / "state.json").read_text()))
-            policy_path = str(latest[1])
-        self.log_path = self.rl_dir / "trajectories.jsonl"
-        self.steps_log = self.rl_dir / STEPS
-        ckpt = None if latest is None else latest[1]
-        self.step_lines = restore_steps(self.rl_dir, ckpt, self.state.steps)
-        """The lines of steps 1…N, as the newest checkpoint holds them (``steps.jsonl``)."""
-        batch_rows = restore_metrics(self.rl_dir / "metrics.jsonl", self.state.steps)
+        self.log = StepLog(run, start_policy)  # what RUN/rl holds: the newest intact checkpoint
+        self.state = self.log.state
         parts = build_rl_parts(  # model, engine, environment, learner, metrics sink
             cfg,
             self.rl_dir,
             world_dir,
-            policy=policy_path,
+            policy=self.log.policy,
             start_policy=start_policy,
             version=self.state.version,
             seed=self.seed,
-            optimizer_state=None if latest is None else latest[1],
+            optimizer_state=self.log.checkpoint,
             engines=engines,
         )
         self.lm, self.engine, self.env = parts.lm, parts.engine, parts.env
         self.learner, self.metrics = parts.learner, parts.metrics
         self.engine_threads, self.trainer_threads = parts.engine_threads, parts.trainer_threads
-        self.rebuild_batch_rows(batch_rows)
+        self.log.rebuild_rows(self.metrics)
         self.guard = NonFiniteGuard(cfg.rl.nonfinite_limit, self.state.nonfinite_steps)
-        self.dropped_before = len(set(self.state.dropped))  # trajectories, earlier sessions
         self.reprobes: set[str] = set()
         """Group keys started as re-probes of the unsolved or solved pool (this session)."""
-        self.partial, self.resumed = self.resume_from_log()
+        self.resumed = self.resume_from_log()
         self.t_session = time.perf_counter()  # this process: the engine's counters start here
         self.t_start = self.t_session - self.state.wall_s  # the stage: accumulates across resumes
-        self.trainer_busy = self.state.trainer_busy_s
         self.ready: list[Group] = []
         """Completed groups not yet trained, oldest first."""
         self.outstanding = 0
@@ -247,7 +204,7 @@ class RLLoop:
             kind = "probe" if source == "probe" else "reprobe" if g.key in self.reprobes else "rl"
             self.curriculum.record(Evidence(g.task.task_id, g.min_version(), g.successes, len(g.trajectories), kind, g.key))  # type: ignore[arg-type]  # fmt: skip
 
-    def resume_from_log(self) -> tuple[dict[str, list[Trajectory]], dict[str, int]]:
+    def resume_from_log(self) -> dict[str, int]:
         """What the trajectory log holds beyond the checkpoint — the untrained samples by
         group — and the counts the summary reports; the curriculum rebuilt from the probe
         and the log's complete groups (round 0 is the probe's, so RL rounds start at 1)."""
@@ -255,15 +212,9 @@ class RLLoop:
             self.observe(g, "probe")
         for tid in self.by_id:
             self.curriculum.visits[tid] = 1
-        logged = list(read_trajectories(self.log_path)) if self.log_path.is_file() else []
-        known = {t.traj_id: t for t in logged}
-        known |= {t.traj_id: t for g in self.probe_groups.values() for t in g.trajectories}
-        self.redo = redo_groups(self.resume.lost, known, self.by_id)
-        """The groups of the steps a damaged checkpoint lost, in order: the first batches."""
-        self.redo_ids = {t.traj_id for g in self.redo for t in g.trajectories}
-        done = set(self.state.trained) | set(self.state.dropped) | set(self.state.skipped)
-        done |= set(self.state.nonfinite) | self.redo_ids
-        partial: dict[str, list[Trajectory]] = defaultdict(list)
+        path = self.log.trajectories
+        logged = list(read_trajectories(path)) if path.is_file() else []
+        self.log.read_back(logged, self.probe_groups.values(), self.by_id)
         groups: dict[str, list[Trajectory]] = defaultdict(list)
         for t in logged:
             key = str(t.meta.get("group", ""))
@@ -272,8 +223,6 @@ class RLLoop:
             groups[key].append(t)
             r = int(t.meta.get("round", 0))
             self.curriculum.visits[t.task_id] = max(self.curriculum.visits[t.task_id], r + 1)
-            if t.traj_id not in done:
-                partial[key].append(t)
         self.curriculum.started = len(groups)
         for key, ts in groups.items():
             if len(ts) == self.loop.k:
@@ -281,42 +230,28 @@ class RLLoop:
                 self.observe(Group(self.by_id[ts[0].task_id], r, ts), "rl")
         if self.cfg.pipeline.curriculum.enabled:
             self.curriculum.advance(self.state.version)
-        return partial, {"trajectories_in_log": len(logged), "untrained_groups": len(partial)}
-
-    def rebuild_batch_rows(self, present: set[int]) -> None:
-        """Write the metrics sink's ``rl_batch`` row of every committed step that lacks it (a
-        kill between the step's record and its row)."""
-        for line in self.step_lines:
-            record = json.loads(line)
-            if int(record["step"]) not in present:
-                self.metrics.log(int(record["step"]), batch_row(record), prefix="rl_batch")
+        return {"trajectories_in_log": len(logged), "untrained_groups": len(self.log.untrained)}
 
     def __enter__(self) -> RLLoop:
         """Open the log writer and the collector, and resubmit the untrained groups of the
         log (sync drops them: strict on-policy never trains what an earlier version sampled)."""
-        writer = self._stack.enter_context(TrajectoryWriter(self.log_path))
+        writer = self._stack.enter_context(TrajectoryWriter(self.log.trajectories))
         self.col = self._stack.enter_context(
             Collector(self.env, concurrency=self.loop.concurrency, seed=self.seed, writer=writer)
         )
-        for key, trajs in self.partial.items():
-            task_id, round_ = key.split("#r")
-            ahead = any(t.num_actions and t.version[t.is_action].max() > self.state.version for t in trajs)  # fmt: skip
-            if self.loop.mode == "sync" or task_id not in self.by_id or ahead:  # ahead: of a
-                self.state.dropped.extend(t.traj_id for t in trajs)  # version a damaged ckpt lost
-                continue
-            self.col.submit(self.by_id[task_id], self.loop.k, round=int(round_), done=trajs)
+        for task_id, r, done in self.log.resumable(sync=self.loop.mode == "sync"):
+            self.col.submit(self.by_id[task_id], self.loop.k, round=r, done=done)
             self.outstanding += 1
         if self.cfg.pipeline.curriculum.train_on_probe and self.loop.mode == "async":
             self.ready_probe_groups()
-        self.ready[:0] = self.redo  # a lost step redone first, with the batch it trained
-        self.outstanding += len(self.redo)
+        self.ready[:0] = self.log.redo  # a lost step redone first, with the batch it trained
+        self.outstanding += len(self.log.redo)
         return self
 
     def ready_probe_groups(self) -> None:
         """The probe's untrained groups of kept tasks with signal become ready (async: the
         lag rule drops them once they are too old)."""
-        done = set(self.state.trained) | set(self.state.dropped) | set(self.state.skipped)
-        done |= set(self.state.nonfinite) | self.redo_ids
+        done = self.log.done()
         for g in self.probe_groups.values():
             if self.curriculum.pools[g.task.task_id] != "kept" or not has_signal(g.rewards):
                 continue
@@ -419,7 +354,7 @@ class RLLoop:
             self.state.nonfinite.extend(t.traj_id for g in groups for t in g.trajectories)
             self.guard.skipped(result, self.state.steps + 1)  # raises after rl.nonfinite_limit
             return
-        self.trainer_busy += float(result.metrics.get("step_s", 0.0))
+        self.state.trainer_busy_s += float(result.metrics.get("step_s", 0.0))
         self.state.trained.extend(t.traj_id for g in groups for t in g.trajectories)
         self.state.steps += 1
         if self.cfg.pipeline.curriculum.enabled:
@@ -431,8 +366,8 @@ class RLLoop:
         stats["nonfinite_skipped"] = self.guard.since_last_step()
         self.state.nonfinite_steps = self.guard.total
         record = self.step_record(result.version, dict(result.metrics), stats)
-        self.save(result.version, record)  # before the engine may sample a single token of it
-        self.record(record)
+        # checkpoint u+1 with its record, then steps.jsonl: before the engine samples from it
+        self.log.commit(result.version, record, self.learner, self.metrics, t_start=self.t_start, keep=self.loop.save_total_limit)  # fmt: skip
         failpoint("rl.saved")  # version u+1 saved and recorded, not yet loaded anywhere
         self.engine.load_weights(result.weights, result.version, mode=mode)
         failpoint("rl.hotloaded")
@@ -452,37 +387,6 @@ class RLLoop:
             "wall_s": time.perf_counter() - self.t_start,
             "rss_mb": rss_mb(),
         }
-
-    def save(self, result_version: int, record: dict[str, Any]) -> None:
-        """Checkpoint u+1 (weights, optimizer, RNG, trained ids, the records of steps 1…N),
-        ``COMPLETE`` last — complete before hot-load; then the older checkpoint is pruned."""
-        final = self.rl_dir / f"ckpt-v{result_version}"
-        # disk full: one line naming the checkpoint, and the incomplete directory removed
-        with writing(final), removed_unless_complete(final):
-            self.learner.save(
-                final, kind="rl", version=result_version, start_policy=self.start_policy
-            )
-            failpoint("rl.ckpt.weights")
-            self.state.version = result_version
-            self.state.wall_s = time.perf_counter() - self.t_start
-            self.state.trainer_busy_s = self.trainer_busy
-            write_json(final / "state.json", self.state.__dict__)
-            keep_in_checkpoint(final, [*self.step_lines, step_line(record)])
-            failpoint("rl.ckpt.state")
-            write_manifest(final)  # the CRC-32 of every file: a resume checks them
-            write_atomic(final / COMPLETE, b"")
-        self.step_lines.append(step_line(record))
-        failpoint("rl.ckpt.complete")  # committed; the step's record is in the checkpoint only
-        self.run_dir.prune_checkpoints(keep=self.loop.save_total_limit)
-        failpoint("rl.ckpt.pruned")
-
-    def record(self, record: dict[str, Any]) -> None:
-        """The step's line of ``steps.jsonl`` (as its checkpoint holds it) and its batch
-        statistics in the metrics sink."""
-        with AppendLog(self.steps_log) as log:
-            log.append(self.step_lines[-1])
-        failpoint("rl.recorded")
-        self.metrics.log(self.state.steps, batch_row(record), prefix="rl_batch")
 
     # ------------------------------------------------------------------ the two loops
     def run_sync(self) -> None:
@@ -582,12 +486,12 @@ class RLLoop:
             version=self.state.version,
             checkpoint=str(latest[1]) if latest else self.start_policy,
             trained=len(self.state.trained),
-            dropped=self.groups_dropped + self.dropped_before,
+            dropped=self.groups_dropped + self.log.dropped_before,
             resumed=self.resumed,
-            notes=self.resume.notes,
+            notes=self.log.resume.notes,
             wall_s=time.perf_counter() - self.t_start,
             session_s=time.perf_counter() - self.t_session,
-            trainer_busy_s=self.trainer_busy,
+            trainer_busy_s=self.state.trainer_busy_s,
             engine=eng,
             fleet=fleet,
             threads={"engine": self.engine_threads, "trainer": self.trainer_threads},
