@@ -55,7 +55,6 @@ from __future__ import annotations
 
 import contextlib
 import time
-from collections import defaultdict
 from collections.abc import Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
@@ -80,12 +79,12 @@ from provrl.pipeline.admission import (
     split_stale,
 )
 from provrl.pipeline.build import build_rl_parts
-from provrl.pipeline.curriculum import Curriculum, Evidence, has_signal
+from provrl.pipeline.curriculum import Curriculum, has_signal
+from provrl.pipeline.probe import probe_groups
 from provrl.pipeline.rl_stats import SignalCount, batch_stats, stage_summary
 from provrl.pipeline.rundir import RunDir
 from provrl.pipeline.steplog import StepLog
 from provrl.pipeline.steplog import read_steps as read_steps  # re-exported: its old home
-from provrl.provenance import Trajectory
 from provrl.rollout.collector import Collector, Group, group_key
 from provrl.run_config.run import RunConfig
 from provrl.train.learner import NonFiniteGuard
@@ -129,7 +128,7 @@ class RLLoop:
         self.seed = cfg.seed if self.loop.seed is None else self.loop.seed
         order_seed = cfg.pipeline.tasks.seed + 1 + (0 if self.loop.seed is None else 7919 * self.seed)  # fmt: skip
         self.curriculum = Curriculum(list(tasks), cfg.pipeline.curriculum, seed=order_seed)
-        self.probe_groups = self.read_probe_groups(run.root / "probe" / "trajectories.jsonl")
+        self.probe_groups = probe_groups(run.root / "probe", self.by_id, self.loop.k)
         self.log = StepLog(run, start_policy)  # what RUN/rl holds: the newest intact checkpoint
         self.state = self.log.state
         parts = build_rl_parts(  # model, engine, environment, learner, metrics sink
@@ -148,8 +147,6 @@ class RLLoop:
         self.engine_threads, self.trainer_threads = parts.engine_threads, parts.trainer_threads
         self.log.rebuild_rows(self.metrics)
         self.guard = NonFiniteGuard(cfg.rl.nonfinite_limit, self.state.nonfinite_steps)
-        self.reprobes: set[str] = set()
-        """Group keys started as re-probes of the unsolved or solved pool (this session)."""
         self.resumed = self.resume_from_log()
         self.t_session = time.perf_counter()  # this process: the engine's counters start here
         self.t_start = self.t_session - self.state.wall_s  # the stage: accumulates across resumes
@@ -182,54 +179,14 @@ class RLLoop:
         )
 
     # ------------------------------------------------------------------ resume
-    def read_probe_groups(self, path: Path) -> dict[str, Group]:
-        """The probe's complete groups (round 0) of this stage's tasks, by group key: the
-        curriculum's first evidence, and (``train_on_probe``) the first ready groups."""
-        if not path.is_file():
-            return {}
-        by_key: dict[str, list[Trajectory]] = defaultdict(list)
-        for t in read_trajectories(path):
-            if t.task_id in self.by_id:
-                by_key[str(t.meta.get("group", group_key(t.task_id, 0)))].append(t)
-        k = self.loop.k
-        return {
-            key: Group(self.by_id[ts[0].task_id], 0, sorted(ts, key=lambda t: t.traj_id))
-            for key, ts in by_key.items()
-            if len(ts) == k
-        }
-
-    def observe(self, g: Group, source: str) -> None:
-        """One finished group's evidence into the curriculum (when it follows evidence)."""
-        if self.cfg.pipeline.curriculum.enabled:
-            kind = "probe" if source == "probe" else "reprobe" if g.key in self.reprobes else "rl"
-            self.curriculum.record(Evidence(g.task.task_id, g.min_version(), g.successes, len(g.trajectories), kind, g.key))  # type: ignore[arg-type]  # fmt: skip
-
     def resume_from_log(self) -> dict[str, int]:
-        """What the trajectory log holds beyond the checkpoint — the untrained samples by
-        group — and the counts the summary reports; the curriculum rebuilt from the probe
-        and the log's complete groups (round 0 is the probe's, so RL rounds start at 1)."""
-        for g in self.probe_groups.values():
-            self.observe(g, "probe")
-        for tid in self.by_id:
-            self.curriculum.visits[tid] = 1
+        """What the trajectory log holds beyond the checkpoint (the step log reads back its
+        untrained groups), the curriculum rebuilt from the probe and the log, and the counts
+        the summary reports."""
         path = self.log.trajectories
         logged = list(read_trajectories(path)) if path.is_file() else []
         self.log.read_back(logged, self.probe_groups.values(), self.by_id)
-        groups: dict[str, list[Trajectory]] = defaultdict(list)
-        for t in logged:
-            key = str(t.meta.get("group", ""))
-            if "#r" not in key or t.task_id not in self.by_id:
-                continue
-            groups[key].append(t)
-            r = int(t.meta.get("round", 0))
-            self.curriculum.visits[t.task_id] = max(self.curriculum.visits[t.task_id], r + 1)
-        self.curriculum.started = len(groups)
-        for key, ts in groups.items():
-            if len(ts) == self.loop.k:
-                r = int(key.rsplit("#r", 1)[1])
-                self.observe(Group(self.by_id[ts[0].task_id], r, ts), "rl")
-        if self.cfg.pipeline.curriculum.enabled:
-            self.curriculum.advance(self.state.version)
+        self.curriculum.replay(self.probe_groups.values(), logged, self.loop.k, self.state.version)
         return {"trajectories_in_log": len(logged), "untrained_groups": len(self.log.untrained)}
 
     def __enter__(self) -> RLLoop:
@@ -243,22 +200,12 @@ class RLLoop:
             self.col.submit(self.by_id[task_id], self.loop.k, round=r, done=done)
             self.outstanding += 1
         if self.cfg.pipeline.curriculum.train_on_probe and self.loop.mode == "async":
-            self.ready_probe_groups()
+            # the probe's untrained groups of kept tasks: ready (the lag rule drops them once stale)
+            first = self.curriculum.trainable(self.probe_groups.values(), self.log.done())
+            self.ready, self.outstanding = self.ready + first, self.outstanding + len(first)
         self.ready[:0] = self.log.redo  # a lost step redone first, with the batch it trained
         self.outstanding += len(self.log.redo)
         return self
-
-    def ready_probe_groups(self) -> None:
-        """The probe's untrained groups of kept tasks with signal become ready (async: the
-        lag rule drops them once they are too old)."""
-        done = self.log.done()
-        for g in self.probe_groups.values():
-            if self.curriculum.pools[g.task.task_id] != "kept" or not has_signal(g.rewards):
-                continue
-            if any(t.traj_id in done for t in g.trajectories):
-                continue
-            self.ready.append(g)
-            self.outstanding += 1
 
     def __exit__(self, exc_type: object, *exc: object) -> None:
         try:
@@ -278,9 +225,7 @@ class RLLoop:
     # ------------------------------------------------------------------ admit / submit
     def submit_next(self) -> None:
         """Start the group the curriculum picks (a kept task, or a re-probe)."""
-        task, r, reprobe = self.curriculum.next_task()
-        if reprobe:
-            self.reprobes.add(group_key(task.task_id, r))
+        task, r, _ = self.curriculum.next_task()
         self.collector.submit(task, self.loop.k, round=r)
         self.started_at[group_key(task.task_id, r)] = time.perf_counter()
         self.outstanding += 1
@@ -304,7 +249,7 @@ class RLLoop:
         """Finished groups: their evidence into the curriculum; those with signal to the
         ready queue, the others skipped (never trained) and counted."""
         for g in finished:
-            self.observe(g, "rl")
+            self.curriculum.observe(g)
             t0 = self.started_at.pop(g.key, None)
             if t0 is not None:
                 self.group_time.update(time.perf_counter() - t0)
