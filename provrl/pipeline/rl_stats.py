@@ -19,6 +19,7 @@ from typing import Any
 
 import numpy as np
 
+from provrl.config import ConfigError
 from provrl.rollout.collector import Group
 
 BATCH_SCALARS = (
@@ -48,6 +49,20 @@ def distinct_share(groups: Sequence[Group]) -> float:
     counts 1/k: it spends k samples' compute on one sample's information."""
     distinct = sum(len({t.token_id[t.is_action].tobytes() for t in g.trajectories}) for g in groups)
     return distinct / max(1, sum(len(g.trajectories) for g in groups))
+
+
+def step_record(
+    step: int,
+    version: int,
+    stats: dict[str, Any],
+    update: dict[str, Any],
+    *,
+    wall_s: float,
+    rss_mb: float,
+) -> dict[str, Any]:
+    """Step ``step``'s line of ``steps.jsonl`` (version u+1 = ``version``): the batch's
+    statistics, then the update's metrics, the stage's wall time and the process's memory."""
+    return {"step": step, "version": version, **stats, **update, "wall_s": wall_s, "rss_mb": rss_mb}
 
 
 def batch_stats(groups: Sequence[Group], trainer_version: int) -> dict[str, Any]:
@@ -106,6 +121,16 @@ class SignalCount:
             self.zero_signal_groups += 1
             self.zero_signal_tokens += tokens
 
+    def check(self, limit: int) -> None:
+        """Stop the run (:class:`~provrl.config.ConfigError`, one line) once ``limit``
+        finished groups in a row had no signal: nothing would ever be trained."""
+        if self.streak >= limit:
+            raise ConfigError(
+                f"rl: {self.streak} finished groups in a row had no signal (all rewards "
+                "equal): nothing to train on — check the reward, or set "
+                "pipeline.curriculum.skip_zero_signal: false"
+            )
+
     def since_last_step(self) -> dict[str, Any]:
         """Groups finished since the previous step and the share of them without signal;
         the next call counts from here."""
@@ -132,15 +157,8 @@ class SignalCount:
 
 
 def stage_summary(
+    progress: dict[str, Any],
     *,
-    mode: str,
-    steps: int,
-    version: int,
-    checkpoint: str,
-    trained: int,
-    dropped: int,
-    resumed: dict[str, int],
-    notes: list[str],
     wall_s: float,
     session_s: float,
     trainer_busy_s: float,
@@ -154,18 +172,13 @@ def stage_summary(
     skipped: int,
     nonfinite_steps: int,
 ) -> dict[str, Any]:
-    """The RL stage's summary (``RUN/rl/done.json``). ``wall_s`` and ``trainer_busy_s`` run
-    across resumes; ``session_s`` and ``engine`` (the engine's counters) cover this process
-    only — a resumed run starts a new engine; ``fleet``: the Ray replicas' versions, if any."""
+    """The RL stage's summary (``RUN/rl/done.json``): ``progress`` (mode, steps, version,
+    checkpoint, what was trained, dropped and resumed) and how the time went. ``wall_s`` and
+    ``trainer_busy_s`` run across resumes; ``session_s`` and ``engine`` (the engine's
+    counters) cover this process only — a resumed run starts a new engine; ``fleet``: the
+    Ray replicas' versions, if any."""
     summary = {
-        "mode": mode,
-        "steps": steps,
-        "final_version": version,
-        "checkpoint": checkpoint,
-        "trajectories_trained": trained,
-        "groups_dropped_stale": dropped,
-        "resumed": resumed,
-        "resume_notes": notes,
+        **progress,
         "wall_s": wall_s,
         "stage_wall_s": wall_s,
         "session_wall_s": session_s,

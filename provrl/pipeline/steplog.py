@@ -61,6 +61,7 @@ from provrl.provenance import Trajectory
 from provrl.report.metrics import MetricsWriter, read_metrics
 from provrl.rollout.collector import Group
 from provrl.train.learner import Learner
+from provrl.trajlog import read_trajectories
 
 STEPS = "steps.jsonl"
 """The step record's name, in ``RUN/rl/`` and in every checkpoint."""
@@ -342,7 +343,7 @@ class StepLog:
         log = StepLog(run, start_policy)   # the newest intact checkpoint (damaged ones set
                                            # aside), its state, steps.jsonl restored to it
         log.policy, log.state.version      # what to load: the checkpoint, or the start policy
-        log.read_back(logged, probe, tasks)   # untrained groups of the log; a lost step's batch
+        log.read_back(probe, tasks)        # the log's untrained groups; a lost step's batch
         log.commit(version, record, ...)   # checkpoint u+1 with its record, then steps.jsonl
 
     Between two durable writes of :meth:`commit` there is a failpoint (``PROVRL_FAILPOINT``;
@@ -369,6 +370,10 @@ class StepLog:
         self.rows = restore_metrics(self.rl_dir / "metrics.jsonl", self.state.steps)
         """The committed steps whose metrics row exists."""
         self.dropped_before = len(set(self.state.dropped))  # trajectories, earlier sessions
+        self.groups_dropped = 0
+        """Groups this session dropped as too stale (async)."""
+        self.resumed: dict[str, int] = {}
+        """What :meth:`read_back` found: trajectories in the log, untrained groups."""
         self.redo: list[Group] = []
         """The groups of the steps a damaged checkpoint lost, in order: the first batches."""
         self.untrained: dict[str, list[Trajectory]] = {}
@@ -383,13 +388,13 @@ class StepLog:
         """Trajectories never to train again: settled, or in a lost step's batch."""
         return self.state.done() | {t.traj_id for g in self.redo for t in g.trajectories}
 
-    def read_back(
-        self, logged: Sequence[Trajectory], probe: Iterable[Group], tasks: Mapping[str, Task]
-    ) -> None:
-        """From the trajectory log (``logged``) and the probe's groups: the batches of the
-        steps a damaged checkpoint lost (:attr:`redo`), and the samples of RL groups
+    def read_back(self, probe: Iterable[Group], tasks: Mapping[str, Task]) -> list[Trajectory]:
+        """The trajectory log, read back (returned) with the probe's groups: the batches of
+        the steps a damaged checkpoint lost (:attr:`redo`), and the samples of RL groups
         (``task#rN``, a task of ``tasks``) the checkpoint does not account for
         (:attr:`untrained`)."""
+        path = self.trajectories
+        logged = list(read_trajectories(path)) if path.is_file() else []
         known = {t.traj_id: t for t in logged}
         known |= {t.traj_id: t for g in probe for t in g.trajectories}
         self.redo = redo_groups(self.resume.lost, known, tasks)
@@ -400,6 +405,8 @@ class StepLog:
             if "#r" in key and t.task_id in tasks and t.traj_id not in done:
                 untrained[key].append(t)
         self.untrained = dict(untrained)
+        self.resumed = {"trajectories_in_log": len(logged), "untrained_groups": len(untrained)}
+        return logged
 
     def resumable(self, *, sync: bool) -> list[tuple[str, int, list[Trajectory]]]:
         """``(task id, round, samples)`` of the untrained groups to finish; the others are
@@ -415,6 +422,26 @@ class StepLog:
             else:
                 out.append((task_id, int(r), trajs))
         return out
+
+    def drop(self, groups: Sequence[Group]) -> None:
+        """Drop ``groups`` as too stale to train (async): never trained, counted."""
+        self.state.dropped.extend(t.traj_id for g in groups for t in g.trajectories)
+        self.groups_dropped += len(groups)
+
+    def summary(self) -> dict[str, Any]:
+        """The stage summary's account of ``RUN/rl``: steps, version, newest checkpoint (or
+        the start policy), trajectories trained, groups dropped as stale, what the resume
+        read back and repaired."""
+        latest = self.run.latest_checkpoint()
+        return {
+            "steps": self.state.steps,
+            "final_version": self.state.version,
+            "checkpoint": str(latest[1]) if latest else self.start_policy,
+            "trajectories_trained": len(self.state.trained),
+            "groups_dropped_stale": self.groups_dropped + self.dropped_before,
+            "resumed": self.resumed,
+            "resume_notes": self.resume.notes,
+        }
 
     def rebuild_rows(self, metrics: MetricsWriter) -> None:
         """Write the metrics sink's ``rl_batch`` row of every committed step that lacks it (a

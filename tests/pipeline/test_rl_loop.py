@@ -19,7 +19,7 @@ def _loop(tmp_path, small_world, mode: str, *extra: str) -> RLLoop:
     sets += list(extra)
     cfg = load_config(RunConfig, "quick", sets)
     tasks = [t for t in load_split(small_world, "train") if t.tier in (1, 2)][:6]
-    return RLLoop(cfg, RunDir(tmp_path), small_world, tasks, "tiny", progress=False)
+    return RLLoop.open(cfg, RunDir(tmp_path), small_world, tasks, "tiny", progress=False)
 
 
 def _two_steps(
@@ -88,7 +88,7 @@ def test_a_group_without_signal_is_skipped_never_trained_and_counted(tmp_path, s
     sets = ["pipeline.curriculum.skip_zero_signal=true", "pipeline.curriculum.zero_signal_limit=3"]
     cfg = load_config(RunConfig, "quick", [*sets, f"logging.run_dir={tmp_path}"])
     tasks = [t for t in load_split(small_world, "train") if t.tier in (1, 2)][:3]
-    loop = RLLoop(cfg, RunDir(tmp_path), small_world, tasks, "tiny", progress=False)
+    loop = RLLoop.open(cfg, RunDir(tmp_path), small_world, tasks, "tiny", progress=False)
     try:
         flat, varied = _group(tasks[0], [-0.5] * 4), _group(tasks[1], [0.9, 0.8, -0.5, 0.9])
         loop.outstanding = 2
