@@ -1,6 +1,6 @@
 """What the end-to-end RL benchmarks measure around one RL stage, without changing the loop.
 
-:func:`run_measured` runs :class:`~provrl.pipeline.rl_loop.RLLoop` exactly as
+:func:`run_measured` opens :class:`~provrl.pipeline.rl_loop.RLLoop` and runs it exactly as
 :func:`~provrl.pipeline.rl_loop.run_rl` does (``with loop: run_sync() / run_async()``, then
 ``finish()``) and reads, from outside it:
 
@@ -143,7 +143,7 @@ def run_measured(
     measured as the module docstring says; ``keep``: the versions whose weights go to
     ``keep_dir`` (None: all). Each kept version takes the model's size on disk once the
     loop has pruned its checkpoint: delete ``keep_dir`` after evaluating it."""
-    loop = RLLoop(cfg, run, world_dir, tasks, start_policy, progress=False)
+    loop = RLLoop.open(cfg, run, world_dir, tasks, start_policy, progress=False)
     m = Measured(summary={}, engine={})
     save, load = loop.learner.save, loop.engine.load_weights
 

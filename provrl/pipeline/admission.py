@@ -14,15 +14,22 @@ bound L = ``max_lag``:
   slow episode lets later groups overtake it; the hard rule catches those. (AReaL bounds
   staleness the same way, counting samples instead of groups.)
 * **pacing (optional)** — within that budget, start a group only when the next step will
-  need it (:func:`paced_start`): just in time rather than as early as allowed, so a
-  learner-bound run trains fresher groups whose episodes span the hot-load.
+  need it (:func:`paced_start`, measured by :class:`Pacer`): just in time rather than as
+  early as allowed, so a learner-bound run trains fresher groups whose episodes span the
+  hot-load.
+
+Sync mode is the special case L = 0 with nothing in flight across a load: every action
+token has the version being updated (:func:`check_on_policy`).
 """
 
 from __future__ import annotations
 
 import math
+import time
 from collections.abc import Sequence
 from typing import Protocol, TypeVar
+
+from provrl.rollout.collector import Group as RolloutGroup
 
 
 class HasMinVersion(Protocol):
@@ -124,3 +131,74 @@ class RecentMedian:
         v = self.value
         assert v is not None
         return v
+
+
+def check_on_policy(groups: Sequence[RolloutGroup], version: int) -> None:
+    """Strict on-policy (sync, L = 0): every action token of ``groups`` was sampled by the
+    weights being updated, version ``version``; else AssertionError naming the trajectory."""
+    for g in groups:
+        for t in g.trajectories:
+            vs = t.version[t.is_action]
+            if len(vs) and (vs != version).any():
+                raise AssertionError(
+                    f"sync: {t.traj_id} has versions {sorted(set(vs.tolist()))}, "
+                    f"trainer is at {version}"
+                )
+
+
+class Pacer:
+    """Paced admission's clock (``pipeline.loop.admission: paced``, :func:`paced_start`):
+    when each group started and when the step in progress was handed to the learner, and
+    the estimates the next starts are paced by — a step's wall time (train, save, load), a
+    group's (start to finish) and the share of groups finishing without signal. With
+    ``paced`` false (eager admission) it still measures, and never holds a start back."""
+
+    def __init__(self, groups_per_step: int, max_lag: int, *, paced: bool) -> None:
+        self.groups_per_step, self.max_lag, self.paced = groups_per_step, max_lag, paced
+        self.step_time, self.group_time, self.zero_rate = RecentMedian(), RecentMedian(), Ema()
+        self.started_at: dict[str, float] = {}
+        """perf_counter() at which each group of this session started, by group key."""
+        self.t_train: float | None = None
+        """When the step in progress was handed to the learner (None: learner idle)."""
+
+    def may_start(self, pending: int) -> bool:
+        """Whether the next step needs a group started now, ``pending`` groups started or
+        ready and not in training (eager: always)."""
+        if not self.paced:
+            return True
+        G, lag = self.groups_per_step, self.max_lag
+        elapsed = None if self.t_train is None else time.perf_counter() - self.t_train
+        return paced_start(
+            pending=pending,
+            need=groups_needed(G, self.zero_rate.value or 0.0, cap=(1 + lag) * G),
+            elapsed_s=elapsed,
+            step_s=self.step_time.value,
+            group_s=self.group_time.value,
+        )
+
+    def started(self, key: str) -> None:
+        """Group ``key`` started now."""
+        self.started_at[key] = time.perf_counter()
+
+    def finished(self, key: str, signal: bool) -> None:
+        """Group ``key`` finished now, with or without signal."""
+        t0 = self.started_at.pop(key, None)
+        if t0 is not None:
+            self.group_time.update(time.perf_counter() - t0)
+        self.zero_rate.update(0.0 if signal else 1.0)
+
+    def training(self) -> None:
+        """A step was handed to the learner now."""
+        self.t_train = time.perf_counter()
+
+    def trained(self) -> None:
+        """The step in progress is trained, saved and loaded: its wall time is measured."""
+        if self.t_train is not None:
+            self.step_time.update(time.perf_counter() - self.t_train)
+        self.t_train = None
+
+    def estimates(self) -> dict[str, float | None]:
+        """What the next starts are paced by, for the step record (paced admission only)."""
+        if not self.paced:
+            return {}
+        return {"paced_step_s": self.step_time.value, "paced_group_s": self.group_time.value}

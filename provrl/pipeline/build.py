@@ -10,7 +10,9 @@ the learner and the metrics sink::
     parts.learner    make_learner(lm, cfg, engine, …): this process, or a Ray actor
     parts.metrics    MetricsWriter of RUN/rl (metrics.jsonl, TensorBoard, trackers)
 
-:class:`~provrl.pipeline.rl_loop.RLLoop` receives them and owns none of the wiring.
+:meth:`RLLoop.open <provrl.pipeline.rl_loop.RLLoop.open>` builds them on what the step log
+read back (:class:`~provrl.pipeline.steplog.StepLog`: the newest intact checkpoint, its
+version) and hands them to the loop, which owns none of the wiring.
 """
 
 from __future__ import annotations
@@ -55,6 +57,15 @@ class RLParts:
         self.learner.close()
         self.engine.close()
         self.metrics.close()
+
+
+def rl_seeds(cfg: RunConfig) -> tuple[int, int]:
+    """(the RL stage's seed — its engine's sampling and its collector —, the curriculum's
+    order seed): ``pipeline.loop.seed`` when set, else the run's ``seed`` and an order
+    derived from ``pipeline.tasks.seed`` alone."""
+    loop = cfg.pipeline.loop
+    seed = cfg.seed if loop.seed is None else loop.seed
+    return seed, cfg.pipeline.tasks.seed + 1 + (0 if loop.seed is None else 7919 * seed)
 
 
 def split_threads(cfg: RunConfig) -> tuple[int, int]:

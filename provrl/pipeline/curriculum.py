@@ -26,8 +26,8 @@ advantage is 0) updates the posterior and is never trained on — in the token n
 would only dilute the step (DAPO's dynamic sampling).
 
 A resumed run rebuilds the state by replaying the probe and the trajectory log
-(:meth:`Curriculum.record` in log order, then :meth:`Curriculum.advance` to the resumed
-version): the same evidence, so the same posteriors — each group counted once, even the
+(:meth:`Curriculum.replay`: :meth:`Curriculum.record` in log order, then
+:meth:`Curriculum.advance` to the resumed version): the same evidence, so the same posteriors — each group counted once, even the
 complete untrained ones the collector hands back after the replay (:attr:`Evidence.group`); a pool decided at an edge may come out
 the other way than it did live, because the live run interleaved ``advance`` with the
 groups.
@@ -35,7 +35,8 @@ groups.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections import defaultdict
+from collections.abc import Container, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Literal
 
@@ -43,6 +44,8 @@ import numpy as np
 from scipy.stats import beta as beta_dist
 
 from provrl.env.tasks import Task
+from provrl.provenance import Trajectory
+from provrl.rollout.collector import Group, group_key
 from provrl.run_config.pipeline import CurriculumConfig
 
 Pool = Literal["kept", "unsolved", "solved"]
@@ -127,6 +130,8 @@ class Curriculum:
     """``started`` at each task's last start."""
     counted: set[str] = field(default_factory=set)
     """Group keys whose evidence is in (each counts once: :attr:`Evidence.group`)."""
+    reprobes: set[str] = field(default_factory=set)
+    """Group keys :meth:`next_task` started as re-probes (their evidence is ``reprobe``)."""
 
     def __post_init__(self) -> None:
         if not self.tasks:
@@ -161,6 +166,51 @@ class Curriculum:
         self.transitions.append(move)
         return move
 
+    def observe(self, g: Group, source: Literal["probe", "rl"] = "rl") -> None:
+        """A finished group's evidence (K of k at the oldest version that sampled it), when
+        the curriculum follows evidence (``enabled``); an RL group this curriculum started
+        as a re-probe counts as one."""
+        if self.cfg.enabled:
+            kind = "reprobe" if source == "rl" and g.key in self.reprobes else source
+            self.record(Evidence(g.task.task_id, g.min_version(), g.successes, len(g.trajectories), kind, g.key))  # fmt: skip
+
+    def replay(
+        self, probe: Iterable[Group], logged: Iterable[Trajectory], k: int, version: int
+    ) -> None:
+        """A resumed stage's state, rebuilt: the probe's groups (round 0), then the RL
+        groups of the trajectory log (``task#rN``) — each task's visits past its highest
+        round, every group counted as started, the complete ones' evidence in log order —
+        and :meth:`advance` to the resumed ``version`` (``enabled``)."""
+        for g in probe:
+            self.observe(g, "probe")
+        for tid in self._by_id:
+            self.visits[tid] = 1  # round 0 is the probe's
+        groups: dict[str, list[Trajectory]] = defaultdict(list)
+        for t in logged:
+            key = str(t.meta.get("group", ""))
+            if "#r" not in key or t.task_id not in self._by_id:
+                continue
+            groups[key].append(t)
+            r = int(t.meta.get("round", 0))
+            self.visits[t.task_id] = max(self.visits[t.task_id], r + 1)
+        self.started = len(groups)
+        for key, ts in groups.items():
+            if len(ts) == k:
+                self.observe(Group(self._by_id[ts[0].task_id], int(key.rsplit("#r", 1)[1]), ts))
+        if self.cfg.enabled:
+            self.advance(version)
+
+    def trainable(self, groups: Iterable[Group], done: Container[str]) -> list[Group]:
+        """The groups of kept tasks with signal none of whose samples is in ``done``
+        (``train_on_probe``: the probe's groups that become the first ready ones)."""
+        return [
+            g
+            for g in groups
+            if self.pools[g.task.task_id] == "kept"
+            and has_signal(g.rewards)
+            and not any(t.traj_id in done for t in g.trajectories)
+        ]
+
     def advance(self, version: int) -> list[Transition]:
         """Re-pool every task at a new policy ``version``: as evidence ages (γ), a verdict of
         an older policy loosens, and the task can drift back into the band to be tried
@@ -191,6 +241,8 @@ class Curriculum:
         r = self.visits[tid]
         self.visits[tid] += 1
         self.last_start[tid] = self.started
+        if reprobe:
+            self.reprobes.add(group_key(tid, r))
         return self._by_id[tid], r, reprobe
 
     def _pool_members(self, pool: Pool) -> list[str]:

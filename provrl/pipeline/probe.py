@@ -47,7 +47,8 @@ from provrl.filtering import (
     retention,
     transitions,
 )
-from provrl.rollout.collector import Collector
+from provrl.provenance import Trajectory
+from provrl.rollout.collector import Collector, Group, group_key
 from provrl.rollout.setup import agent_tools, open_policy_env
 from provrl.trajlog import TrajectoryWriter, read_trajectories
 
@@ -340,3 +341,21 @@ def format_transitions(table: dict[str, dict[str, int]]) -> str:
         if sum(table[a].values()):
             lines.append(a.ljust(w + 2) + "".join(str(table[a][b]).rjust(w) for b in POOLS))
     return "\n".join(lines)
+
+
+def probe_groups(probe_dir: Path, tasks: dict[str, Task], k: int) -> dict[str, Group]:
+    """The probe's complete groups (round 0, ``k`` samples) of ``tasks``, by group key, from
+    ``probe_dir/trajectories.jsonl`` (none without it): the RL curriculum's first evidence,
+    and (``train_on_probe``) its first ready groups."""
+    path = probe_dir / "trajectories.jsonl"
+    if not path.is_file():
+        return {}
+    by_key: dict[str, list[Trajectory]] = defaultdict(list)
+    for t in read_trajectories(path):
+        if t.task_id in tasks:
+            by_key[str(t.meta.get("group", group_key(t.task_id, 0)))].append(t)
+    return {
+        key: Group(tasks[ts[0].task_id], 0, sorted(ts, key=lambda t: t.traj_id))
+        for key, ts in by_key.items()
+        if len(ts) == k
+    }

@@ -8,7 +8,7 @@ Two orchestrations of the same three roles — collector (actor), trainer (learn
         roll out G groups × k samples under θ_u          (engine at version u)
         assert every action token has version u
         θ_{u+1} = trainer.step(batch)
-        save checkpoint u+1; engine.load_weights(θ_{u+1}, mode="drain")   # caches reset
+        commit checkpoint u+1; engine.load_weights(θ_{u+1}, mode="drain")   # caches reset
 
 **async** (hot-load)::
 
@@ -16,34 +16,18 @@ Two orchestrations of the same three roles — collector (actor), trainer (learn
         admission allows (n < (s + 1 + L) · G, :mod:`provrl.pipeline.admission`);
     whenever the trainer is idle and G completed groups within the lag bound are ready:
         θ_{u+1} = trainer.step(batch)                    (a background thread)
-    when a step finishes: save checkpoint u+1, then engine.load_weights(θ_{u+1}, mode="keep")
+    when a step finishes: commit checkpoint u+1, then engine.load_weights(θ_{u+1}, mode="keep")
         — between two decode steps; in-flight requests keep their KV and continue under u+1.
 
-Which task a group samples is the curriculum's choice (:mod:`provrl.pipeline.curriculum`):
-kept tasks least visited first, a re-probe of the unsolved or solved pool every few groups,
-pools moved by the evidence of every finished group. A finished group without signal (all
-rewards equal) updates the evidence and is never trained on; the loop waits for G groups
-that have signal. With ``train_on_probe`` the probe's own groups of kept tasks (round 0,
-sampled at the first version) are the first ready groups.
-
-Every trajectory carries per-token (version, log q, kept mass, KV versions), so the trainer's
-importance weights use the probabilities the tokens were actually sampled with, whatever mix
-of versions a trajectory holds.
-
-Resume (``RUN/rl`` after a ``kill -9``): the newest complete checkpoint gives θ, the optimizer,
-the version and the set of trained trajectories; the trajectory log is read back — complete
-untrained groups go back to the ready queue (subject to the lag rule), incomplete ones are
-finished without rerunning the samples that exist, and the curriculum is rebuilt by
-replaying the probe and the log. A version is hot-loaded only after its checkpoint is complete, so no trajectory can
-carry a version that a resumed run would produce again — unless that checkpoint is found
-damaged on resume: then it is set aside, the previous one is used, the lost step is redone
-first with the very batch it trained (its record names it; :mod:`provrl.pipeline.steplog`),
-and untrained samples of the lost version are dropped, not continued. A step's record is written into its
-checkpoint before ``COMPLETE`` and ``RUN/rl/steps.jsonl`` is rebuilt from it on resume
-(:mod:`provrl.pipeline.steplog`), so the step records are always 1…N.
-
-Between two durable writes of a step there is a failpoint (``PROVRL_FAILPOINT``, the crash
-tests kill at each)::
+The curriculum picks each group's task (:mod:`~provrl.pipeline.curriculum`); a group without
+signal (all rewards equal) is never trained. Per-token provenance (version, log q, kept mass,
+KV versions) gives the trainer exact importance weights, whatever mix of versions a
+trajectory holds. The loop is handed its parts (:func:`~provrl.pipeline.build.build_rl_parts`)
+and ``RUN/rl`` as the step log reads it back (:class:`~provrl.pipeline.steplog.StepLog`: the
+resume, the step records); its numbers come from :mod:`~provrl.pipeline.rl_stats`. A version
+is hot-loaded only after its checkpoint is complete, so no token carries a version a resumed
+run would produce again. A failpoint (``PROVRL_FAILPOINT``) sits between every two durable
+writes of a step; the crash tests kill at each::
 
     learner step ─ rl.trained ─ weights + optimizer ─ rl.ckpt.weights ─ state.json + step
     record in the checkpoint ─ rl.ckpt.state ─ COMPLETE ─ rl.ckpt.complete ─ older
@@ -54,339 +38,108 @@ tests kill at each)::
 from __future__ import annotations
 
 import contextlib
-import json
 import time
-from collections import Counter, defaultdict
 from collections.abc import Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 import torch
 from tqdm import tqdm
 
-from provrl._sys import release_memory, rss_mb, write_atomic, write_json, writing
-from provrl.appendlog import AppendLog
-from provrl.config import ConfigError
+from provrl._sys import release_memory, rss_mb
 from provrl.distributed.factory import fleet_summary
 from provrl.engine.api import EngineFactory, HotLoadMode
 from provrl.env.tasks import Task
 from provrl.failpoints import failpoint
-from provrl.models.checkpoint import removed_unless_complete, write_manifest
-from provrl.pipeline.admission import (
-    Ema,
-    RecentMedian,
-    group_lag,
-    groups_needed,
-    may_start,
-    paced_start,
-    split_stale,
-)
-from provrl.pipeline.build import build_rl_parts
-from provrl.pipeline.curriculum import Curriculum, Evidence, has_signal
-from provrl.pipeline.rundir import COMPLETE, RunDir
-from provrl.pipeline.steplog import (
-    STEPS,
-    keep_in_checkpoint,
-    redo_groups,
-    restore_metrics,
-    restore_steps,
-    resume_checkpoint,
-    step_line,
-)
+from provrl.pipeline.admission import Pacer, check_on_policy, group_lag, may_start, split_stale
+from provrl.pipeline.build import RLParts, build_rl_parts, rl_seeds
+from provrl.pipeline.curriculum import Curriculum, has_signal
+from provrl.pipeline.probe import probe_groups
+from provrl.pipeline.rl_stats import SignalCount, batch_stats, stage_summary, step_record
+from provrl.pipeline.rundir import RunDir
+from provrl.pipeline.steplog import StepLog
 from provrl.pipeline.steplog import read_steps as read_steps  # re-exported: its old home
-from provrl.provenance import Trajectory
 from provrl.rollout.collector import Collector, Group, group_key
 from provrl.run_config.run import RunConfig
 from provrl.train.learner import NonFiniteGuard
-from provrl.trajlog import TrajectoryWriter, read_trajectories
-
-
-@dataclass
-class RLState:
-    """What a checkpoint stores besides weights and optimizer (``state.json``)."""
-
-    version: int = 0
-    steps: int = 0
-    trained: list[str] = field(default_factory=list)
-    dropped: list[str] = field(default_factory=list)
-    skipped: list[str] = field(default_factory=list)
-    """Trajectories of groups without signal (all rewards equal): never trained."""
-    nonfinite: list[str] = field(default_factory=list)
-    """Trajectories of batches whose update was not finite (refused): never trained."""
-    nonfinite_steps: int = 0
-    """Refused (non-finite) step attempts so far (:class:`~provrl.train.learner.NonFiniteGuard`)."""
-    wall_s: float = 0.0
-    trainer_busy_s: float = 0.0
-
-
-BATCH_SCALARS = (
-    "accuracy",
-    "tool_calls",
-    "tool_calls_solved",
-    "malformed",
-    "action_tokens",
-    "mixed_version_trajectories",
-    "max_lag",
-    "distinct_share",
-    "zero_signal_share",
-    "kv_stale_share",
-)
-"""The scalars of :func:`batch_stats` that go to the metrics sink (``rl_batch/…``)."""
-
-
-def batch_row(record: dict[str, Any]) -> dict[str, Any]:
-    """The metrics sink's ``rl_batch`` row of a step record (the same whether the record was
-    just made or read back to rebuild a row a kill lost)."""
-    return {k: record[k] for k in BATCH_SCALARS if isinstance(record.get(k), int | float)}
-
-
-def distinct_share(groups: Sequence[Group]) -> float:
-    """Share of a batch's samples that differ from every earlier sample of their group:
-    Σ_g |{distinct action-token sequences of g}| / Σ_g |g|. A group of k identical samples
-    counts 1/k: it spends k samples' compute on one sample's information."""
-    distinct = sum(len({t.token_id[t.is_action].tobytes() for t in g.trajectories}) for g in groups)
-    return distinct / max(1, sum(len(g.trajectories) for g in groups))
-
-
-def batch_stats(groups: Sequence[Group], trainer_version: int) -> dict[str, Any]:
-    """Outcome and provenance statistics of one training batch."""
-    trajs = [t for g in groups for t in g.trajectories]
-    em = np.array([t.metrics.get("exact_match", 0.0) for t in trajs])
-    calls = np.array([t.metrics.get("num_tool_calls", 0.0) for t in trajs])
-    lags: Counter[int] = Counter()
-    mixed = kv_stale = actions = 0
-    for t in trajs:
-        v = t.version[t.is_action]
-        lags.update((trainer_version - v).tolist())
-        mixed += len(np.unique(v)) > 1
-        km = t.kv_min[t.is_action]  # attended to KV of older weights (unknown, -2: not counted)
-        kv_stale += int(((km >= 0) & (km < v)).sum())
-        actions += len(v)
-    return {
-        "accuracy": float(em.mean()),
-        "tool_calls": float(calls.mean()),
-        "tool_calls_solved": float(calls[em > 0].mean()) if (em > 0).any() else float("nan"),
-        "malformed": float(np.mean([t.metrics.get("malformed_calls", 0.0) for t in trajs])),
-        "action_tokens": float(np.mean([t.num_actions for t in trajs])),
-        "mixed_version_trajectories": mixed,
-        "kv_stale_share": kv_stale / max(1, actions),
-        "lag_histogram": {str(k): int(v) for k, v in sorted(lags.items())},
-        "max_lag": max(lags) if lags else 0,
-        "distinct_share": distinct_share(groups),
-        "groups_K": [g.successes for g in groups],
-        "trained": [t.traj_id for t in trajs],
-    }
+from provrl.trajlog import TrajectoryWriter
 
 
 class RLLoop:
     """The RL stage, one named step at a time (see the module docstring)::
 
-        loop = RLLoop(cfg, run, world_dir, tasks, start_policy)   # model, engine, learner,
-                                                                  # and what RUN/rl holds
+        loop = RLLoop.open(cfg, run, world_dir, tasks, start_policy)   # RUN/rl read back,
+                                                                       # the parts built
         with loop:                 # the log writer and the collector; untrained groups back
             loop.run_sync()        # or loop.run_async()
         summary = loop.finish()    # close the engine and the learner; the stage summary
 
     :meth:`run` (and :func:`run_rl`) is exactly that. Everything the two loops share is an
-    attribute; the methods that change it — :meth:`submit_next`, :meth:`finish_step`,
-    :meth:`drop_stale` — run on the loop's thread; the learner thread runs only
-    :meth:`train`."""
+    attribute; the methods that change it — :meth:`submit_next`, :meth:`take`,
+    :meth:`drop_stale`, :meth:`finish_step` — run on the loop's thread; the learner thread
+    runs only :meth:`train`."""
 
-    def __init__(
-        self,
-        cfg: RunConfig,
-        run: RunDir,
-        world_dir: Path,
-        tasks: Sequence[Task],
-        start_policy: str,
-        *,
-        progress: bool = True,
-        engines: EngineFactory | None = None,
-    ) -> None:
-        """Load the newest checkpoint's weights (or ``start_policy``), start the engine (from
-        ``engines``, the run's engine factory; default
-        :func:`~provrl.pipeline.engines.engine_factory`) and the learner, and read back what
-        ``RUN/rl`` already holds (:meth:`resume_from_log`)."""
-        self.cfg, self.run_dir, self.start_policy = cfg, run, start_policy
-        self.loop, self.rl_dir = cfg.pipeline.loop, run.stage("rl")
-        if not tasks:
-            raise ValueError("the RL task pool is empty (the filter kept no task)")
+    def __init__(self, cfg: RunConfig, tasks: Sequence[Task], parts: RLParts, log: StepLog, *, progress: bool = True) -> None:  # fmt: skip
+        """The loop on ``parts`` and the read-back ``log``: the curriculum rebuilt from the
+        probe and the trajectory log, the log's untrained groups and lost batches found."""
+        self.cfg, self.loop, self.log, self.state = cfg, cfg.pipeline.loop, log, log.state
+        self.parts, self.engine, self.learner, self.metrics = parts, parts.engine, parts.learner, parts.metrics  # fmt: skip
         self.by_id = {t.task_id: t for t in tasks}
-        self.seed = cfg.seed if self.loop.seed is None else self.loop.seed
-        order_seed = cfg.pipeline.tasks.seed + 1 + (0 if self.loop.seed is None else 7919 * self.seed)  # fmt: skip
+        self.seed, order_seed = rl_seeds(cfg)
         self.curriculum = Curriculum(list(tasks), cfg.pipeline.curriculum, seed=order_seed)
-        self.probe_groups = self.read_probe_groups(run.root / "probe" / "trajectories.jsonl")
-        self.resume = resume_checkpoint(run)  # a damaged newest: the one before (steplog)
-        latest = self.resume.checkpoint
-        self.state = RLState()
-        policy_path = start_policy
-        if latest is not None:
-            self.state = RLState(**json.loads((latest[1] / "state.json").read_text()))
-            policy_path = str(latest[1])
-        self.log_path = self.rl_dir / "trajectories.jsonl"
-        self.steps_log = self.rl_dir / STEPS
-        ckpt = None if latest is None else latest[1]
-        self.step_lines = restore_steps(self.rl_dir, ckpt, self.state.steps)
-        """The lines of steps 1…N, as the newest checkpoint holds them (``steps.jsonl``)."""
-        batch_rows = restore_metrics(self.rl_dir / "metrics.jsonl", self.state.steps)
-        parts = build_rl_parts(  # model, engine, environment, learner, metrics sink
-            cfg,
-            self.rl_dir,
-            world_dir,
-            policy=policy_path,
-            start_policy=start_policy,
-            version=self.state.version,
-            seed=self.seed,
-            optimizer_state=None if latest is None else latest[1],
-            engines=engines,
-        )
-        self.lm, self.engine, self.env = parts.lm, parts.engine, parts.env
-        self.learner, self.metrics = parts.learner, parts.metrics
-        self.engine_threads, self.trainer_threads = parts.engine_threads, parts.trainer_threads
-        self.rebuild_batch_rows(batch_rows)
+        self.probe_groups = probe_groups(log.run.root / "probe", self.by_id, self.loop.k)
+        log.rebuild_rows(self.metrics)
         self.guard = NonFiniteGuard(cfg.rl.nonfinite_limit, self.state.nonfinite_steps)
-        self.dropped_before = len(set(self.state.dropped))  # trajectories, earlier sessions
-        self.reprobes: set[str] = set()
-        """Group keys started as re-probes of the unsolved or solved pool (this session)."""
-        self.partial, self.resumed = self.resume_from_log()
+        logged = log.read_back(self.probe_groups.values(), self.by_id)
+        self.curriculum.replay(self.probe_groups.values(), logged, self.loop.k, self.state.version)
         self.t_session = time.perf_counter()  # this process: the engine's counters start here
         self.t_start = self.t_session - self.state.wall_s  # the stage: accumulates across resumes
-        self.trainer_busy = self.state.trainer_busy_s
         self.ready: list[Group] = []
         """Completed groups not yet trained, oldest first."""
         self.outstanding = 0
         """Groups started (or resubmitted) and not yet trained or dropped."""
-        self.groups_dropped = 0
-        """Groups this session dropped as too stale (async)."""
-        self.signal = {"groups": 0, "zero_signal_groups": 0, "tokens": 0, "zero_signal_tokens": 0}
-        self.signal_mark = (0, 0)
-        """(groups, zero-signal groups) finished when the last step was recorded."""
+        self.signal = SignalCount()
         """Finished groups this session, and how many (and their tokens) had no signal."""
-        self.zero_streak = 0
-        """Finished groups in a row without signal."""
-        self.step_time, self.group_time = RecentMedian(), RecentMedian()
-        self.zero_rate = Ema()
-        """Paced admission's estimates: a step's wall time (train, save, load), a group's
-        (start to finish) and the share of groups finishing without signal."""
-        self.started_at: dict[str, float] = {}
-        """perf_counter() at which each group of this session started, by group key."""
-        self.t_train: float | None = None
-        """When the step in progress was handed to the learner (None: learner idle)."""
+        self.pacer = Pacer(self.loop.groups_per_step, self.loop.max_lag, paced=self.loop.admission == "paced")  # fmt: skip
         self.collector_summary: dict[str, Any] = {}
         self._stack = contextlib.ExitStack()
         self.col: Collector | None = None
-        self.bar = tqdm(
-            total=self.loop.steps,
-            initial=self.state.steps,
-            desc=f"rl ({self.loop.mode})",
-            unit="step",
-            dynamic_ncols=True,
-            disable=not progress,
-        )
+        self.bar = tqdm(total=self.loop.steps, initial=self.state.steps, desc=f"rl ({self.loop.mode})", unit="step", dynamic_ncols=True, disable=not progress)  # fmt: skip
 
-    # ------------------------------------------------------------------ resume
-    def read_probe_groups(self, path: Path) -> dict[str, Group]:
-        """The probe's complete groups (round 0) of this stage's tasks, by group key: the
-        curriculum's first evidence, and (``train_on_probe``) the first ready groups."""
-        if not path.is_file():
-            return {}
-        by_key: dict[str, list[Trajectory]] = defaultdict(list)
-        for t in read_trajectories(path):
-            if t.task_id in self.by_id:
-                by_key[str(t.meta.get("group", group_key(t.task_id, 0)))].append(t)
-        k = self.loop.k
-        return {
-            key: Group(self.by_id[ts[0].task_id], 0, sorted(ts, key=lambda t: t.traj_id))
-            for key, ts in by_key.items()
-            if len(ts) == k
-        }
-
-    def observe(self, g: Group, source: str) -> None:
-        """One finished group's evidence into the curriculum (when it follows evidence)."""
-        if self.cfg.pipeline.curriculum.enabled:
-            kind = "probe" if source == "probe" else "reprobe" if g.key in self.reprobes else "rl"
-            self.curriculum.record(Evidence(g.task.task_id, g.min_version(), g.successes, len(g.trajectories), kind, g.key))  # type: ignore[arg-type]  # fmt: skip
-
-    def resume_from_log(self) -> tuple[dict[str, list[Trajectory]], dict[str, int]]:
-        """What the trajectory log holds beyond the checkpoint — the untrained samples by
-        group — and the counts the summary reports; the curriculum rebuilt from the probe
-        and the log's complete groups (round 0 is the probe's, so RL rounds start at 1)."""
-        for g in self.probe_groups.values():
-            self.observe(g, "probe")
-        for tid in self.by_id:
-            self.curriculum.visits[tid] = 1
-        logged = list(read_trajectories(self.log_path)) if self.log_path.is_file() else []
-        known = {t.traj_id: t for t in logged}
-        known |= {t.traj_id: t for g in self.probe_groups.values() for t in g.trajectories}
-        self.redo = redo_groups(self.resume.lost, known, self.by_id)
-        """The groups of the steps a damaged checkpoint lost, in order: the first batches."""
-        self.redo_ids = {t.traj_id for g in self.redo for t in g.trajectories}
-        done = set(self.state.trained) | set(self.state.dropped) | set(self.state.skipped)
-        done |= set(self.state.nonfinite) | self.redo_ids
-        partial: dict[str, list[Trajectory]] = defaultdict(list)
-        groups: dict[str, list[Trajectory]] = defaultdict(list)
-        for t in logged:
-            key = str(t.meta.get("group", ""))
-            if "#r" not in key or t.task_id not in self.by_id:
-                continue
-            groups[key].append(t)
-            r = int(t.meta.get("round", 0))
-            self.curriculum.visits[t.task_id] = max(self.curriculum.visits[t.task_id], r + 1)
-            if t.traj_id not in done:
-                partial[key].append(t)
-        self.curriculum.started = len(groups)
-        for key, ts in groups.items():
-            if len(ts) == self.loop.k:
-                r = int(key.rsplit("#r", 1)[1])
-                self.observe(Group(self.by_id[ts[0].task_id], r, ts), "rl")
-        if self.cfg.pipeline.curriculum.enabled:
-            self.curriculum.advance(self.state.version)
-        return partial, {"trajectories_in_log": len(logged), "untrained_groups": len(partial)}
-
-    def rebuild_batch_rows(self, present: set[int]) -> None:
-        """Write the metrics sink's ``rl_batch`` row of every committed step that lacks it (a
-        kill between the step's record and its row)."""
-        for line in self.step_lines:
-            record = json.loads(line)
-            if int(record["step"]) not in present:
-                self.metrics.log(int(record["step"]), batch_row(record), prefix="rl_batch")
+    @classmethod
+    def open(cls, cfg: RunConfig, run: RunDir, world_dir: Path, tasks: Sequence[Task], start_policy: str, *, progress: bool = True, engines: EngineFactory | None = None) -> RLLoop:  # fmt: skip
+        """Read back ``RUN/rl`` (:class:`~provrl.pipeline.steplog.StepLog`), build the parts
+        on its newest intact checkpoint or ``start_policy`` (:func:`build_rl_parts`, engines
+        from ``engines``, the run's engine factory), and the loop on them."""
+        if not tasks:
+            raise ValueError("the RL task pool is empty (the filter kept no task)")
+        log = StepLog(run, start_policy)  # the newest intact checkpoint, steps.jsonl restored
+        parts = build_rl_parts(cfg, log.rl_dir, world_dir, policy=log.policy, start_policy=start_policy, version=log.state.version, seed=rl_seeds(cfg)[0], optimizer_state=log.checkpoint, engines=engines)  # fmt: skip
+        try:
+            return cls(cfg, tasks, parts, log, progress=progress)
+        except BaseException:
+            parts.close()
+            raise
 
     def __enter__(self) -> RLLoop:
-        """Open the log writer and the collector, and resubmit the untrained groups of the
-        log (sync drops them: strict on-policy never trains what an earlier version sampled)."""
-        writer = self._stack.enter_context(TrajectoryWriter(self.log_path))
+        """Open the log writer and the collector; resubmit the log's untrained groups (sync
+        drops them: strict on-policy never trains what an earlier version sampled), then the
+        probe's (async ``train_on_probe``), and a lost step's batch first of all."""
+        writer = self._stack.enter_context(TrajectoryWriter(self.log.trajectories))
         self.col = self._stack.enter_context(
-            Collector(self.env, concurrency=self.loop.concurrency, seed=self.seed, writer=writer)
+            Collector(
+                self.parts.env, concurrency=self.loop.concurrency, seed=self.seed, writer=writer
+            )
         )
-        for key, trajs in self.partial.items():
-            task_id, round_ = key.split("#r")
-            ahead = any(t.num_actions and t.version[t.is_action].max() > self.state.version for t in trajs)  # fmt: skip
-            if self.loop.mode == "sync" or task_id not in self.by_id or ahead:  # ahead: of a
-                self.state.dropped.extend(t.traj_id for t in trajs)  # version a damaged ckpt lost
-                continue
-            self.col.submit(self.by_id[task_id], self.loop.k, round=int(round_), done=trajs)
+        for task_id, r, done in self.log.resumable(sync=self.loop.mode == "sync"):
+            self.col.submit(self.by_id[task_id], self.loop.k, round=r, done=done)
             self.outstanding += 1
         if self.cfg.pipeline.curriculum.train_on_probe and self.loop.mode == "async":
-            self.ready_probe_groups()
-        self.ready[:0] = self.redo  # a lost step redone first, with the batch it trained
-        self.outstanding += len(self.redo)
+            self.ready += self.curriculum.trainable(self.probe_groups.values(), self.log.done())
+        self.ready[:0] = self.log.redo  # a lost step redone first, with the batch it trained
+        self.outstanding += len(self.ready)
         return self
-
-    def ready_probe_groups(self) -> None:
-        """The probe's untrained groups of kept tasks with signal become ready (async: the
-        lag rule drops them once they are too old)."""
-        done = set(self.state.trained) | set(self.state.dropped) | set(self.state.skipped)
-        done |= set(self.state.nonfinite) | self.redo_ids
-        for g in self.probe_groups.values():
-            if self.curriculum.pools[g.task.task_id] != "kept" or not has_signal(g.rewards):
-                continue
-            if any(t.traj_id in done for t in g.trajectories):
-                continue
-            self.ready.append(g)
-            self.outstanding += 1
 
     def __exit__(self, exc_type: object, *exc: object) -> None:
         try:
@@ -403,166 +156,77 @@ class RLLoop:
             raise RuntimeError("RLLoop: enter the loop (with loop: ...) before running it")
         return self.col
 
-    # ------------------------------------------------------------------ admit / submit
+    # ------------------------------------------------------------------ groups in and out
     def submit_next(self) -> None:
         """Start the group the curriculum picks (a kept task, or a re-probe)."""
-        task, r, reprobe = self.curriculum.next_task()
-        if reprobe:
-            self.reprobes.add(group_key(task.task_id, r))
+        task, r, _ = self.curriculum.next_task()
         self.collector.submit(task, self.loop.k, round=r)
-        self.started_at[group_key(task.task_id, r)] = time.perf_counter()
+        self.pacer.started(group_key(task.task_id, r))
         self.outstanding += 1
-
-    def may_start_now(self, training: int) -> bool:
-        """``admission: paced``: whether the next step needs a group started now
-        (:func:`~provrl.pipeline.admission.paced_start`); eager: always."""
-        if self.loop.admission == "eager":
-            return True
-        G, lag = self.loop.groups_per_step, self.loop.max_lag
-        elapsed = None if self.t_train is None else time.perf_counter() - self.t_train
-        return paced_start(
-            pending=self.outstanding - training,
-            need=groups_needed(G, self.zero_rate.value or 0.0, cap=(1 + lag) * G),
-            elapsed_s=elapsed,
-            step_s=self.step_time.value,
-            group_s=self.group_time.value,
-        )
 
     def take(self, finished: Sequence[Group]) -> None:
         """Finished groups: their evidence into the curriculum; those with signal to the
         ready queue, the others skipped (never trained) and counted."""
+        skip_zero = self.cfg.pipeline.curriculum.skip_zero_signal
         for g in finished:
-            self.observe(g, "rl")
-            t0 = self.started_at.pop(g.key, None)
-            if t0 is not None:
-                self.group_time.update(time.perf_counter() - t0)
-            tokens = sum(len(t) for t in g.trajectories)
-            self.signal["groups"] += 1
-            self.signal["tokens"] += tokens
+            self.curriculum.observe(g)
             signal = has_signal(g.rewards)
-            self.zero_rate.update(0.0 if signal else 1.0)
-            self.zero_streak = 0 if signal else self.zero_streak + 1
-            if signal or not self.cfg.pipeline.curriculum.skip_zero_signal:
+            self.pacer.finished(g.key, signal)
+            self.signal.add(sum(len(t) for t in g.trajectories), signal)
+            if signal or not skip_zero:
                 self.ready.append(g)
             else:
                 self.state.skipped.extend(t.traj_id for t in g.trajectories)
                 self.outstanding -= 1
-            if not signal:
-                self.signal["zero_signal_groups"] += 1
-                self.signal["zero_signal_tokens"] += tokens
-        limit = self.cfg.pipeline.curriculum.zero_signal_limit
-        if self.cfg.pipeline.curriculum.skip_zero_signal and self.zero_streak >= limit:
-            raise ConfigError(
-                f"rl: {self.zero_streak} finished groups in a row had no signal (all rewards "
-                "equal): nothing to train on — check the reward, or set "
-                "pipeline.curriculum.skip_zero_signal: false"
-            )
+        if skip_zero:
+            self.signal.check(self.cfg.pipeline.curriculum.zero_signal_limit)
 
     def drop_stale(self) -> None:
         """Drop the ready groups a step on the learner's version could not train within
         ``max_lag`` (async)."""
-        fresh, stale = split_stale(self.ready, self.learner.version, self.loop.max_lag)
-        for g in stale:
-            self.state.dropped.extend(t.traj_id for t in g.trajectories)
-            self.groups_dropped += 1
-            self.outstanding -= 1
-        self.ready = fresh
+        self.ready, stale = split_stale(self.ready, self.learner.version, self.loop.max_lag)
+        self.log.drop(stale)
+        self.outstanding -= len(stale)
 
     # ------------------------------------------------------------------ one step
     def train(self, groups: list[Group]) -> tuple[Any, dict[str, Any]]:
         """One optimizer step on ``groups`` (the async loop runs it on the learner thread):
         the update and the batch's statistics. Changes nothing the loop's thread reads."""
         stats = batch_stats(groups, self.learner.version)
-        result = self.learner.step([t for g in groups for t in g.trajectories])
-        return result, stats
+        return self.learner.step([t for g in groups for t in g.trajectories]), stats
 
     def finish_step(
         self, result: Any, stats: dict[str, Any], groups: list[Group], mode: HotLoadMode
     ) -> None:
-        """After a step: checkpoint u+1 with the step's record, append the record to the logs,
-        then hot-load u+1 (``mode``) — never the other way round, so no token is sampled
-        under a version a crash could lose, and no committed step lacks its record."""
+        """After a step: commit checkpoint u+1 with the step's record (the step log), then
+        hot-load u+1 (``mode``) — never the other way round, so no token is sampled under a
+        version a crash could lose, and no committed step lacks its record."""
         failpoint("rl.trained")  # the update exists only in memory: a kill trains it again
         self.outstanding -= len(groups)
+        trajs = [t.traj_id for g in groups for t in g.trajectories]
         if result.skipped is not None:  # not finite: nothing saved or loaded, batch untrained
-            self.state.nonfinite.extend(t.traj_id for g in groups for t in g.trajectories)
+            self.state.nonfinite.extend(trajs)
             self.guard.skipped(result, self.state.steps + 1)  # raises after rl.nonfinite_limit
             return
-        self.trainer_busy += float(result.metrics.get("step_s", 0.0))
-        self.state.trained.extend(t.traj_id for g in groups for t in g.trajectories)
+        self.state.trainer_busy_s += float(result.metrics.get("step_s", 0.0))
+        self.state.trained.extend(trajs)
         self.state.steps += 1
         if self.cfg.pipeline.curriculum.enabled:
             self.curriculum.advance(result.version)
         stats["pools"] = self.curriculum.counts()
-        stats.update(self.signal_since_last_step())
-        if self.loop.admission == "paced":  # the estimates the next starts are paced by
-            stats["paced_step_s"], stats["paced_group_s"] = self.step_time.value, self.group_time.value  # fmt: skip
+        stats.update(self.signal.since_last_step())
+        stats.update(self.pacer.estimates())  # paced admission: what the next starts use
         stats["nonfinite_skipped"] = self.guard.since_last_step()
         self.state.nonfinite_steps = self.guard.total
-        record = self.step_record(result.version, dict(result.metrics), stats)
-        self.save(result.version, record)  # before the engine may sample a single token of it
-        self.record(record)
+        wall = time.perf_counter() - self.t_start
+        record = step_record(self.state.steps, result.version, stats, dict(result.metrics), wall_s=wall, rss_mb=rss_mb())  # fmt: skip
+        self.log.commit(result.version, record, self.learner, self.metrics, t_start=self.t_start, keep=self.loop.save_total_limit)  # fmt: skip
         failpoint("rl.saved")  # version u+1 saved and recorded, not yet loaded anywhere
         self.engine.load_weights(result.weights, result.version, mode=mode)
         failpoint("rl.hotloaded")
         release_memory()
         self.bar.update(1)
         self.bar.set_postfix(acc=f"{stats['accuracy']:.2f}", calls=f"{stats['tool_calls']:.2f}")
-
-    def signal_since_last_step(self) -> dict[str, Any]:
-        """Groups finished since the previous step and the share of them without signal
-        (all rewards equal: skipped, never trained)."""
-        (g0, z0), g, z = self.signal_mark, self.signal["groups"], self.signal["zero_signal_groups"]
-        self.signal_mark = (g, z)
-        return {
-            "finished_groups": g - g0,
-            "zero_signal_groups": z - z0,
-            "zero_signal_share": (z - z0) / max(1, g - g0),
-        }
-
-    def step_record(
-        self, version: int, step_metrics: dict[str, Any], stats: dict[str, Any]
-    ) -> dict[str, Any]:
-        """The step's line of ``steps.jsonl``: the batch's statistics and the update's."""
-        return {
-            "step": self.state.steps,
-            "version": version,
-            **stats,
-            **step_metrics,
-            "wall_s": time.perf_counter() - self.t_start,
-            "rss_mb": rss_mb(),
-        }
-
-    def save(self, result_version: int, record: dict[str, Any]) -> None:
-        """Checkpoint u+1 (weights, optimizer, RNG, trained ids, the records of steps 1…N),
-        ``COMPLETE`` last — complete before hot-load; then the older checkpoint is pruned."""
-        final = self.rl_dir / f"ckpt-v{result_version}"
-        # disk full: one line naming the checkpoint, and the incomplete directory removed
-        with writing(final), removed_unless_complete(final):
-            self.learner.save(
-                final, kind="rl", version=result_version, start_policy=self.start_policy
-            )
-            failpoint("rl.ckpt.weights")
-            self.state.version = result_version
-            self.state.wall_s = time.perf_counter() - self.t_start
-            self.state.trainer_busy_s = self.trainer_busy
-            write_json(final / "state.json", self.state.__dict__)
-            keep_in_checkpoint(final, [*self.step_lines, step_line(record)])
-            failpoint("rl.ckpt.state")
-            write_manifest(final)  # the CRC-32 of every file: a resume checks them
-            write_atomic(final / COMPLETE, b"")
-        self.step_lines.append(step_line(record))
-        failpoint("rl.ckpt.complete")  # committed; the step's record is in the checkpoint only
-        self.run_dir.prune_checkpoints(keep=self.loop.save_total_limit)
-        failpoint("rl.ckpt.pruned")
-
-    def record(self, record: dict[str, Any]) -> None:
-        """The step's line of ``steps.jsonl`` (as its checkpoint holds it) and its batch
-        statistics in the metrics sink."""
-        with AppendLog(self.steps_log) as log:
-            log.append(self.step_lines[-1])
-        failpoint("rl.recorded")
-        self.metrics.log(self.state.steps, batch_row(record), prefix="rl_batch")
 
     # ------------------------------------------------------------------ the two loops
     def run_sync(self) -> None:
@@ -575,14 +239,7 @@ class RLLoop:
             while len(self.ready) < G:
                 self.take(col.poll(0.2))
             batch, self.ready = self.ready[:G], self.ready[G:]
-            for g in batch:  # strict on-policy: every token from the weights being updated
-                for t in g.trajectories:
-                    vs = t.version[t.is_action]
-                    if len(vs) and (vs != self.learner.version).any():
-                        raise AssertionError(
-                            f"sync: {t.traj_id} has versions {sorted(set(vs.tolist()))}, "
-                            f"trainer is at {self.learner.version}"
-                        )
+            check_on_policy(batch, self.learner.version)
             result, stats = self.train(batch)
             self.finish_step(result, stats, batch, "drain")
 
@@ -591,12 +248,8 @@ class RLLoop:
         is idle and G fresh groups are ready it trains them on its own thread, and each new
         version is hot-loaded into the running engine (``hotload`` mode); until ``steps``."""
         col, G, lag = self.collector, self.loop.groups_per_step, self.loop.max_lag
-        background = ThreadPoolExecutor(
-            1,
-            thread_name_prefix="learner",
-            initializer=_set_threads,
-            initargs=(self.trainer_threads,),
-        )
+        threads = self.parts.trainer_threads
+        background = ThreadPoolExecutor(1, "learner", initializer=_set_threads, initargs=(threads,))
         fut: Future[tuple[Any, dict[str, Any]]] | None = None
         in_training: list[Group] = []
         try:
@@ -604,16 +257,14 @@ class RLLoop:
                 while (
                     col.queued < self.loop.concurrency
                     and may_start(self.outstanding, G, lag)
-                    and self.may_start_now(len(in_training))
+                    and self.pacer.may_start(self.outstanding - len(in_training))
                 ):
                     self.submit_next()
                 self.take(col.poll(0.05))
                 if fut is not None and fut.done():
                     result, stats = fut.result()
                     self.finish_step(result, stats, in_training, self.loop.hotload)
-                    if self.t_train is not None:  # the step's wall time: train, save, load
-                        self.step_time.update(time.perf_counter() - self.t_train)
-                    self.t_train = None
+                    self.pacer.trained()  # the step's wall time: train, save, load
                     # the published weights are in the engine now: don't hold them through
                     # the next step
                     fut, in_training, result = None, [], None
@@ -623,7 +274,7 @@ class RLLoop:
                         in_training, self.ready = self.ready[:G], self.ready[G:]
                         assert all(group_lag(g, self.learner.version) <= lag for g in in_training)
                         fut = background.submit(self.train, in_training)
-                        self.t_train = time.perf_counter()
+                        self.pacer.training()
         finally:
             background.shutdown(wait=True)
 
@@ -633,10 +284,7 @@ class RLLoop:
         an error — a full disk, say — :meth:`close`, and the error goes on)."""
         try:
             with self:
-                if self.loop.mode == "sync":
-                    self.run_sync()
-                else:
-                    self.run_async()
+                self.run_sync() if self.loop.mode == "sync" else self.run_async()
         except BaseException:
             self.close()
             raise
@@ -645,73 +293,37 @@ class RLLoop:
     def close(self) -> None:
         """Close the progress bar, the learner, the engine and the metrics sink."""
         self.bar.close()
-        self.learner.close()
-        self.engine.close()
-        self.metrics.close()
+        self.parts.close()
 
     def finish(self) -> dict[str, Any]:
         """Close the learner, the engine and the metrics sink; the stage summary."""
         eng = self.engine.stats()
         fleet = fleet_summary(self.engine, eng)  # engine.backend: ray — versions per replica
-        trainer_info = self.learner.info()
+        trainer = self.learner.info()
         self.close()
-        wall = time.perf_counter() - self.t_start
-        session = time.perf_counter() - self.t_session
-        latest = self.run_dir.latest_checkpoint()
-        summary = {
-            "mode": self.loop.mode,
-            "steps": self.state.steps,
-            "final_version": self.state.version,
-            "checkpoint": str(latest[1]) if latest else self.start_policy,
-            "trajectories_trained": len(self.state.trained),
-            "groups_dropped_stale": self.groups_dropped + self.dropped_before,
-            "resumed": self.resumed,
-            "resume_notes": self.resume.notes,
-            "wall_s": wall,
-            "stage_wall_s": wall,
-            "session_wall_s": session,
-            "trainer_busy_s": self.trainer_busy,
-            "trainer_idle_frac": max(0.0, 1 - self.trainer_busy / wall) if wall else 0.0,
-            # the engine's counters cover this process only (a resumed run starts a new engine)
-            "engine_busy_frac": min(
-                1.0, eng.get("busy_s", 0.0) / eng.get("replicas", 1.0) / session
-            )
-            if session
-            else 0.0,
-            "threads": {"engine": self.engine_threads, "trainer": self.trainer_threads},
-            "trainer": trainer_info,
-            "engine": {
-                k: eng[k]
-                for k in ("tokens_generated", "hotloads", "evictions", "busy_s")
-                if k in eng
-            },
-            "collector": self.collector_summary,
-            "curriculum": self.curriculum.summary(),
-            "zero_signal": {
-                **self.signal,
-                "groups_frac": self.signal["zero_signal_groups"] / max(1, self.signal["groups"]),
-                "tokens_frac": self.signal["zero_signal_tokens"] / max(1, self.signal["tokens"]),
-                "trajectories_skipped": len(self.state.skipped),
-            },
-            "nonfinite_steps": self.guard.total,
-        }
-        if fleet is not None:
-            summary["ray"] = fleet
-        return summary
+        return stage_summary(
+            {"mode": self.loop.mode, **self.log.summary()},
+            wall_s=time.perf_counter() - self.t_start,
+            session_s=time.perf_counter() - self.t_session,
+            trainer_busy_s=self.state.trainer_busy_s,
+            engine=eng,
+            fleet=fleet,
+            threads={"engine": self.parts.engine_threads, "trainer": self.parts.trainer_threads},
+            trainer=trainer,
+            collector=self.collector_summary,
+            curriculum=self.curriculum.summary(),
+            signal=self.signal,
+            skipped=len(self.state.skipped),
+            nonfinite_steps=self.guard.total,
+        )
 
 
-def run_rl(
-    cfg: RunConfig,
-    run: RunDir,
-    world_dir: Path,
-    tasks: Sequence[Task],
-    start_policy: str,
-    **opts: Any,
-) -> dict[str, Any]:
+def run_rl(cfg: RunConfig, run: RunDir, world_dir: Path, tasks: Sequence[Task], start_policy: str, **opts: Any) -> dict[str, Any]:  # fmt: skip
     """Train ``start_policy`` with RL on ``tasks`` (see the module docstring) and return the
-    stage summary: :meth:`RLLoop.run`. Resumes from ``RUN/rl`` when it holds a checkpoint or a
-    log; ``opts``: ``progress``, ``engines`` (the run's engine factory)."""
-    return RLLoop(cfg, run, world_dir, tasks, start_policy, **opts).run()
+    stage summary: :meth:`RLLoop.open`, then :meth:`RLLoop.run`. Resumes from ``RUN/rl``
+    when it holds a checkpoint or a log; ``opts``: ``progress``, ``engines`` (the run's
+    engine factory)."""
+    return RLLoop.open(cfg, run, world_dir, tasks, start_policy, **opts).run()
 
 
 def _set_threads(n: int) -> None:

@@ -1,4 +1,5 @@
-"""The RL stage's step record, kept crash-consistent with its checkpoints.
+"""The RL stage's durable state — checkpoints, step record, what a resume reads back — kept
+crash-consistent (:class:`StepLog`: the loop's one handle on ``RUN/rl``).
 
 ``RUN/rl/steps.jsonl`` has one line per step (the batch's statistics and the trainer's
 metrics); ``RUN/rl/metrics.jsonl`` the same steps as the metrics sink's rows. Both are
@@ -33,21 +34,34 @@ from __future__ import annotations
 
 import json
 import os
+import time
 import warnings
 import zlib
-from collections.abc import Mapping
+from collections import defaultdict
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from provrl._sys import write_atomic
+from provrl._sys import write_atomic, write_json, writing
 from provrl.appendlog import AppendLog, TornRecordWarning, read_lines, set_aside
 from provrl.env.tasks import Task
-from provrl.models.checkpoint import MANIFEST, CheckpointError, check_checkpoint_dir, damaged_files
-from provrl.pipeline.rundir import ResumeWarning, RunDir
+from provrl.failpoints import failpoint
+from provrl.models.checkpoint import (
+    MANIFEST,
+    CheckpointError,
+    check_checkpoint_dir,
+    damaged_files,
+    removed_unless_complete,
+    write_manifest,
+)
+from provrl.pipeline.rl_stats import batch_row
+from provrl.pipeline.rundir import COMPLETE, ResumeWarning, RunDir
 from provrl.provenance import Trajectory
-from provrl.report.metrics import read_metrics
+from provrl.report.metrics import MetricsWriter, read_metrics
 from provrl.rollout.collector import Group
+from provrl.train.learner import Learner
+from provrl.trajlog import read_trajectories
 
 STEPS = "steps.jsonl"
 """The step record's name, in ``RUN/rl/`` and in every checkpoint."""
@@ -301,3 +315,176 @@ def redo_groups(
             step[-1].trajectories.append(t)
         out += step
     return out
+
+
+# ---------------------------------------------------------------------- the stage's durable state
+@dataclass
+class RLState:
+    """What a checkpoint stores besides weights and optimizer (``state.json``)."""
+
+    version: int = 0
+    steps: int = 0
+    trained: list[str] = field(default_factory=list)
+    dropped: list[str] = field(default_factory=list)
+    skipped: list[str] = field(default_factory=list)
+    """Trajectories of groups without signal (all rewards equal): never trained."""
+    nonfinite: list[str] = field(default_factory=list)
+    """Trajectories of batches whose update was not finite (refused): never trained."""
+    nonfinite_steps: int = 0
+    """Refused (non-finite) step attempts so far (:class:`~provrl.train.learner.NonFiniteGuard`)."""
+    wall_s: float = 0.0
+    trainer_busy_s: float = 0.0
+
+    def done(self) -> set[str]:
+        """Trajectories settled for good: trained, dropped, skipped or refused."""
+        return {*self.trained, *self.dropped, *self.skipped, *self.nonfinite}
+
+
+class StepLog:
+    """``RUN/rl`` as the RL loop reads it back and commits to it, step by step::
+
+        log = StepLog(run, start_policy)   # the newest intact checkpoint (damaged ones set
+                                           # aside), its state, steps.jsonl restored to it
+        log.policy, log.state.version      # what to load: the checkpoint, or the start policy
+        log.read_back(probe, tasks)        # the log's untrained groups; a lost step's batch
+        log.commit(version, record, ...)   # checkpoint u+1 with its record, then steps.jsonl
+
+    Between two durable writes of :meth:`commit` there is a failpoint (``PROVRL_FAILPOINT``;
+    the crash tests kill at each)::
+
+        weights + optimizer ─ rl.ckpt.weights ─ state.json + step record in the checkpoint ─
+        rl.ckpt.state ─ COMPLETE ─ rl.ckpt.complete ─ older checkpoint pruned ─
+        rl.ckpt.pruned ─ steps.jsonl ─ rl.recorded ─ metrics row
+    """
+
+    def __init__(self, run: RunDir, start_policy: str) -> None:
+        self.run, self.rl_dir, self.start_policy = run, run.stage("rl"), start_policy
+        self.resume = resume_checkpoint(run)  # a damaged newest: the one before
+        latest = self.resume.checkpoint
+        self.checkpoint = None if latest is None else latest[1]
+        """The checkpoint the stage resumes from (None: it starts from ``start_policy``)."""
+        self.state = RLState()
+        if self.checkpoint is not None:
+            self.state = RLState(**json.loads((self.checkpoint / "state.json").read_text()))
+        self.policy = start_policy if self.checkpoint is None else str(self.checkpoint)
+        """The weights to load: the checkpoint's, or the start policy's."""
+        self.lines = restore_steps(self.rl_dir, self.checkpoint, self.state.steps)
+        """The lines of steps 1…N, as the newest checkpoint holds them (``steps.jsonl``)."""
+        self.rows = restore_metrics(self.rl_dir / "metrics.jsonl", self.state.steps)
+        """The committed steps whose metrics row exists."""
+        self.dropped_before = len(set(self.state.dropped))  # trajectories, earlier sessions
+        self.groups_dropped = 0
+        """Groups this session dropped as too stale (async)."""
+        self.resumed: dict[str, int] = {}
+        """What :meth:`read_back` found: trajectories in the log, untrained groups."""
+        self.redo: list[Group] = []
+        """The groups of the steps a damaged checkpoint lost, in order: the first batches."""
+        self.untrained: dict[str, list[Trajectory]] = {}
+        """The trajectory log's samples not yet trained, dropped or redone, by group key."""
+
+    @property
+    def trajectories(self) -> Path:
+        """The stage's trajectory log."""
+        return self.rl_dir / "trajectories.jsonl"
+
+    def done(self) -> set[str]:
+        """Trajectories never to train again: settled, or in a lost step's batch."""
+        return self.state.done() | {t.traj_id for g in self.redo for t in g.trajectories}
+
+    def read_back(self, probe: Iterable[Group], tasks: Mapping[str, Task]) -> list[Trajectory]:
+        """The trajectory log, read back (returned) with the probe's groups: the batches of
+        the steps a damaged checkpoint lost (:attr:`redo`), and the samples of RL groups
+        (``task#rN``, a task of ``tasks``) the checkpoint does not account for
+        (:attr:`untrained`)."""
+        path = self.trajectories
+        logged = list(read_trajectories(path)) if path.is_file() else []
+        known = {t.traj_id: t for t in logged}
+        known |= {t.traj_id: t for g in probe for t in g.trajectories}
+        self.redo = redo_groups(self.resume.lost, known, tasks)
+        done = self.done()
+        untrained: dict[str, list[Trajectory]] = defaultdict(list)
+        for t in logged:
+            key = str(t.meta.get("group", ""))
+            if "#r" in key and t.task_id in tasks and t.traj_id not in done:
+                untrained[key].append(t)
+        self.untrained = dict(untrained)
+        self.resumed = {"trajectories_in_log": len(logged), "untrained_groups": len(untrained)}
+        return logged
+
+    def resumable(self, *, sync: bool) -> list[tuple[str, int, list[Trajectory]]]:
+        """``(task id, round, samples)`` of the untrained groups to finish; the others are
+        dropped: all of them in sync mode (strict on-policy never trains what an earlier
+        version sampled), and any holding a version past the checkpoint's (one a damaged
+        checkpoint lost)."""
+        out = []
+        for key, trajs in self.untrained.items():
+            task_id, r = key.split("#r")
+            ahead = any(t.num_actions and t.version[t.is_action].max() > self.state.version for t in trajs)  # fmt: skip
+            if sync or ahead:
+                self.state.dropped.extend(t.traj_id for t in trajs)
+            else:
+                out.append((task_id, int(r), trajs))
+        return out
+
+    def drop(self, groups: Sequence[Group]) -> None:
+        """Drop ``groups`` as too stale to train (async): never trained, counted."""
+        self.state.dropped.extend(t.traj_id for g in groups for t in g.trajectories)
+        self.groups_dropped += len(groups)
+
+    def summary(self) -> dict[str, Any]:
+        """The stage summary's account of ``RUN/rl``: steps, version, newest checkpoint (or
+        the start policy), trajectories trained, groups dropped as stale, what the resume
+        read back and repaired."""
+        latest = self.run.latest_checkpoint()
+        return {
+            "steps": self.state.steps,
+            "final_version": self.state.version,
+            "checkpoint": str(latest[1]) if latest else self.start_policy,
+            "trajectories_trained": len(self.state.trained),
+            "groups_dropped_stale": self.groups_dropped + self.dropped_before,
+            "resumed": self.resumed,
+            "resume_notes": self.resume.notes,
+        }
+
+    def rebuild_rows(self, metrics: MetricsWriter) -> None:
+        """Write the metrics sink's ``rl_batch`` row of every committed step that lacks it (a
+        kill between the step's record and its row)."""
+        for line in self.lines:
+            record = json.loads(line)
+            if int(record["step"]) not in self.rows:
+                metrics.log(int(record["step"]), batch_row(record), prefix="rl_batch")
+
+    def commit(
+        self,
+        version: int,
+        record: dict[str, Any],
+        learner: Learner,
+        metrics: MetricsWriter,
+        *,
+        t_start: float,
+        keep: int,
+    ) -> None:
+        """Step N (version u+1, its ``record``): checkpoint ``ckpt-v{u+1}`` — weights,
+        optimizer, RNG, :class:`RLState` (``wall_s`` counted from ``t_start``), the records
+        of steps 1…N, checksums, ``COMPLETE`` last — then the older checkpoints beyond
+        ``keep`` pruned, the record appended to ``steps.jsonl`` and its row to ``metrics``."""
+        final = self.rl_dir / f"ckpt-v{version}"
+        # disk full: one line naming the checkpoint, and the incomplete directory removed
+        with writing(final), removed_unless_complete(final):
+            learner.save(final, kind="rl", version=version, start_policy=self.start_policy)
+            failpoint("rl.ckpt.weights")
+            self.state.version = version
+            self.state.wall_s = time.perf_counter() - t_start
+            write_json(final / "state.json", self.state.__dict__)
+            keep_in_checkpoint(final, [*self.lines, step_line(record)])
+            failpoint("rl.ckpt.state")
+            write_manifest(final)  # the CRC-32 of every file: a resume checks them
+            write_atomic(final / COMPLETE, b"")
+        self.lines.append(step_line(record))
+        failpoint("rl.ckpt.complete")  # committed; the step's record is in the checkpoint only
+        self.run.prune_checkpoints(keep=keep)
+        failpoint("rl.ckpt.pruned")
+        with AppendLog(self.rl_dir / STEPS) as log:
+            log.append(self.lines[-1])
+        failpoint("rl.recorded")
+        metrics.log(self.state.steps, batch_row(record), prefix="rl_batch")

@@ -74,8 +74,8 @@ def test_an_async_run_trains_a_mixed_version_trajectory_with_its_recorded_q(tmp_
         made.append(HoldUntilSwap(default(lm, engine_cfg, version=version)))
         return made[-1]
 
-    loop = RLLoop(cfg, RunDir(tmp_path), small_world, tasks, "tiny", progress=False,
-                  engines=engines)  # fmt: skip
+    loop = RLLoop.open(cfg, RunDir(tmp_path), small_world, tasks, "tiny", progress=False,
+                       engines=engines)  # fmt: skip
     train = loop.train
 
     def training(groups: Any) -> Any:  # the learner thread: hold tokens until the swap

@@ -19,7 +19,7 @@ def _loop(tmp_path, small_world, mode: str, *extra: str) -> RLLoop:
     sets += list(extra)
     cfg = load_config(RunConfig, "quick", sets)
     tasks = [t for t in load_split(small_world, "train") if t.tier in (1, 2)][:6]
-    return RLLoop(cfg, RunDir(tmp_path), small_world, tasks, "tiny", progress=False)
+    return RLLoop.open(cfg, RunDir(tmp_path), small_world, tasks, "tiny", progress=False)
 
 
 def _two_steps(
@@ -88,14 +88,14 @@ def test_a_group_without_signal_is_skipped_never_trained_and_counted(tmp_path, s
     sets = ["pipeline.curriculum.skip_zero_signal=true", "pipeline.curriculum.zero_signal_limit=3"]
     cfg = load_config(RunConfig, "quick", [*sets, f"logging.run_dir={tmp_path}"])
     tasks = [t for t in load_split(small_world, "train") if t.tier in (1, 2)][:3]
-    loop = RLLoop(cfg, RunDir(tmp_path), small_world, tasks, "tiny", progress=False)
+    loop = RLLoop.open(cfg, RunDir(tmp_path), small_world, tasks, "tiny", progress=False)
     try:
         flat, varied = _group(tasks[0], [-0.5] * 4), _group(tasks[1], [0.9, 0.8, -0.5, 0.9])
         loop.outstanding = 2
         loop.take([flat, varied])
         assert loop.ready == [varied] and loop.outstanding == 1
         assert set(loop.state.skipped) == {t.traj_id for t in flat.trajectories}
-        assert loop.signal["zero_signal_groups"] == 1 and loop.signal["groups"] == 2
+        assert loop.signal.zero_signal_groups == 1 and loop.signal.groups == 2
         # a solved group whose rewards differ (fewer tool calls scored higher) has signal
         loop.take([_group(tasks[2], [0.9, 0.8, 0.9, 0.9])])
         assert len(loop.ready) == 2
@@ -111,7 +111,7 @@ def test_a_group_without_signal_is_skipped_never_trained_and_counted(tmp_path, s
 def test_distinct_share_counts_identical_samples_of_a_group_once():
     import numpy as np
 
-    from provrl.pipeline.rl_loop import distinct_share
+    from provrl.pipeline.rl_stats import distinct_share
 
     class T:
         def __init__(self, actions: list[int]) -> None:

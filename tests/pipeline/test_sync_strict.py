@@ -24,7 +24,7 @@ def _sync(tmp_path, small_world, extra: list[str]) -> tuple[RLLoop, dict[str, fl
             f"logging.run_dir={tmp_path}", *extra]  # fmt: skip
     cfg = load_config(RunConfig, "quick", sets)
     tasks = [t for t in load_split(small_world, "train") if t.tier in (1, 2)][:6]
-    loop = RLLoop(cfg, RunDir(tmp_path), small_world, tasks, "tiny", progress=False)
+    loop = RLLoop.open(cfg, RunDir(tmp_path), small_world, tasks, "tiny", progress=False)
     try:
         with loop:
             loop.run_sync()
