@@ -9,7 +9,8 @@ no provrl import).
 * :func:`file_sha256` — a file's content hash, read in chunks; :func:`cache_dir`, where
   converted models and generated worlds are kept;
 * :func:`release_memory` and :func:`rss_mb` — give freed heap back to the OS, and measure
-  what this process holds.
+  what this process holds; :func:`pin_mmap_threshold` — fix glibc's mmap threshold so a
+  measured peak does not depend on the allocator's history.
 """
 
 from __future__ import annotations
@@ -203,6 +204,25 @@ def release_memory() -> None:
     gc.collect()
     with contextlib.suppress(OSError, AttributeError):
         ctypes.CDLL("libc.so.6").malloc_trim(0)
+
+
+MMAP_THRESHOLD = 128 * 1024
+"""glibc's initial ``M_MMAP_THRESHOLD`` (bytes): blocks this large or larger are mmapped and
+unmapped on free."""
+
+
+def pin_mmap_threshold(nbytes: int = MMAP_THRESHOLD) -> bool:
+    """Fix glibc's ``M_MMAP_THRESHOLD`` at ``nbytes`` (``mallopt``), which also turns off its
+    dynamic raise: by default, freeing an mmapped block raises the threshold to that block's
+    size (up to 32 MiB), so later blocks of that size come from the heap and stay there,
+    fragmented. Whether that happens during a measured step depends on the order in which
+    earlier tensors were freed, and the same step's peak RSS then landed on two values 50 MiB
+    apart on the tiny model (659 or 714 MiB; 607 MiB every time when pinned). The trainer
+    benchmark pins it in each side's process so the peak is a property of the step. True
+    when set; False where libc has no ``mallopt``."""
+    with contextlib.suppress(OSError, AttributeError):
+        return bool(ctypes.CDLL("libc.so.6").mallopt(-3, int(nbytes)))  # M_MMAP_THRESHOLD
+    return False
 
 
 def rss_mb() -> float:

@@ -394,7 +394,8 @@ def _build(spec: SideSpec, lm: Any) -> tuple[Callable[[Sequence[Any]], Any], Any
 
 
 def run_side(spec: SideSpec) -> dict[str, Any]:
-    """One child: load, warm up (FLOPs counted), return freed heap to the OS, reset the
+    """One child: pin glibc's mmap threshold (:func:`provrl._sys.pin_mmap_threshold`), load,
+    warm up (FLOPs counted), return freed heap to the OS, reset the
     peak, time one step. The memory breakdown: ``runtime`` is what the process holds before
     the timed step besides the model's state (interpreter, libraries, tokenizer, kernel
     caches); weights, gradients and optimizer state are their tensors' sizes; activations
@@ -405,10 +406,11 @@ def run_side(spec: SideSpec) -> dict[str, Any]:
     tensors, allocator fragmentation)."""
     import torch
 
-    from provrl._sys import release_memory
+    from provrl._sys import MMAP_THRESHOLD, pin_mmap_threshold, release_memory
     from provrl.models import load_model
     from provrl.train.memory import LM_HEAD_BYTES, SavedTensorMeter, optimizer_mib, tensor_mib
 
+    pinned = pin_mmap_threshold()  # the peak must not depend on the allocator's history
     if spec.threads:
         torch.set_num_threads(spec.threads)
     lm = load_model(spec.model)
@@ -476,6 +478,7 @@ def run_side(spec: SideSpec) -> dict[str, Any]:
         "flops_per_s": flops / wall,
         "peak_rss_mib": peak,
         "memory": {k: round(v, 1) for k, v in breakdown.items()},
+        "malloc_mmap_threshold": MMAP_THRESHOLD if pinned else None,
         "threads": torch.get_num_threads(),
         "trainer_metrics": {
             k: float(v)
