@@ -17,7 +17,8 @@ below ``exit_confidence`` (hysteresis). With the defaults (uniform prior, p_lo =
 confidence 0.5) one group of k = 8 reproduces the probe's filter exactly: K = 0 → unsolved,
 K = 8 → solved, 0 < K < 8 → kept.
 
-The loop starts kept tasks least-visited first (seeded ties), and every ``reprobe_every``-th
+The loop starts kept tasks least-visited first (seeded ties; with ``balance_tiers`` within
+the tier whose kept tasks have been started least, :func:`least_started_tier`), and every ``reprobe_every``-th
 group the task of the unsolved or solved pool started longest ago — a re-probe with the
 current policy. Its group is an ordinary group, stamped per token: it is trained on if it
 has signal, and its evidence can move the task back into the band. A group with no signal
@@ -110,6 +111,18 @@ def has_signal(rewards: Sequence[float]) -> bool:
     With a tool-call cost a K = k group can have signal (fewer calls scored higher); with a
     format penalty so can a K = 0 one."""
     return len(rewards) > 1 and max(rewards) - min(rewards) > 1e-9
+
+
+def least_started_tier(
+    kept: Sequence[str], visits: dict[str, int], tier: dict[str, int]
+) -> list[str]:
+    """The kept tasks of the tier whose kept tasks have the fewest groups started in total
+    (ties: the lower tier), in ``kept``'s order: ``argmin_τ Σ_{t ∈ kept, tier(t) = τ} visits(t)``."""
+    starts: dict[int, int] = defaultdict(int)
+    for t in kept:
+        starts[tier[t]] += visits[t]
+    chosen = min(starts, key=lambda x: (starts[x], x))
+    return [t for t in kept if tier[t] == chosen]
 
 
 @dataclass
@@ -234,7 +247,9 @@ class Curriculum:
         reprobe = bool(out) and (not kept or (every > 0 and self.started % every == 0))
         if reprobe:  # the one started longest ago first: its verdict is the oldest
             tid = min(out, key=lambda t: (self.last_start.get(t, -1), self._rank[t]))
-        elif kept:  # least visited first
+        elif kept:  # least visited first (within the least started tier, when balanced)
+            if self.cfg.balance_tiers:
+                kept = least_started_tier(kept, self.visits, {t: self._by_id[t].tier for t in kept})  # fmt: skip
             tid = min(kept, key=lambda t: (self.visits[t], self._rank[t]))
         else:
             raise ValueError("the curriculum has no task in any pool")

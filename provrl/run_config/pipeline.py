@@ -180,6 +180,13 @@ class CurriculumConfig(Section):
         description="Every this many groups started, one is a re-probe of the unsolved or "
         "solved task with the oldest evidence (0: never).",
     )
+    balance_tiers: bool = Field(
+        False,
+        description="Start kept tasks tier by tier: from the tier whose kept tasks have been "
+        "started least in total, then least visited within it, so a tier with fewer kept tasks "
+        "(tier 2 against tier 1, two to one in a default run) gets as many groups as the "
+        "larger one (False: the kept pool is one pool, least visited first).",
+    )
     skip_zero_signal: bool = Field(
         True,
         description="Never train on a group whose rewards are all equal (every advantage 0; it "

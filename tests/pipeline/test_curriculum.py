@@ -11,6 +11,7 @@ from provrl.pipeline.curriculum import (
     Curriculum,
     Evidence,
     has_signal,
+    least_started_tier,
     pool_of,
     posterior,
 )
@@ -83,6 +84,28 @@ def test_next_task_visits_kept_least_visited_and_reprobes_the_oldest_verdict():
     assert {names[2], names[5]} == {"t0", "t3"}  # each out-of-band task once, oldest first
     assert sorted(names[:2]) == ["t1", "t2"] and sorted(names[3:5]) == ["t1", "t2"]
     assert [r for t, r, _ in picks if t.task_id == "t1"] == [0, 1]  # rounds count per task
+
+
+def test_balanced_tiers_give_the_smaller_tier_as_many_groups():
+    # six tier-1 tasks and two tier-2 tasks, all kept: one pool visits tier 2 a quarter of the
+    # time; balanced, every other group is a tier-2 task (least visited within the tier)
+    tasks = _tasks(6) + [
+        Task(f"u{i}", "train", 2, "two_hop", f"q{i}?", f"b{i}", [], f"f{i}", [], 2)
+        for i in range(2)
+    ]
+    for balance, share in ((False, 0.25), (True, 0.5)):
+        cfg = CFG.model_copy(update={"reprobe_every": 0, "balance_tiers": balance})
+        cur = Curriculum(tasks, cfg, seed=3)
+        picks = [cur.next_task()[0] for _ in range(16)]
+        assert sum(t.tier == 2 for t in picks) / 16 == share
+        tier2 = [t.task_id for t in picks if t.tier == 2]
+        assert all(tier2.count(x) == len(tier2) // 2 for x in ("u0", "u1"))  # evenly within
+
+
+def test_least_started_tier_breaks_ties_by_the_lower_tier():
+    kept, tier = ["a", "b", "c"], {"a": 2, "b": 1, "c": 2}
+    assert least_started_tier(kept, {"a": 0, "b": 0, "c": 0}, tier) == ["b"]
+    assert least_started_tier(kept, {"a": 1, "b": 3, "c": 1}, tier) == ["a", "c"]
 
 
 def test_unknown_task_and_empty_curriculum_are_refused():
