@@ -4,6 +4,7 @@ step that will train it; eager when generation is the slower side or nothing is 
 from __future__ import annotations
 
 import math
+from typing import Any
 
 import pytest
 
@@ -11,7 +12,7 @@ from provrl.pipeline.admission import Ema, RecentMedian, groups_needed, paced_st
 
 
 def test_paced_start_waits_until_one_group_time_before_the_step_ends():
-    kw = {"pending": 0, "need": 4, "step_s": 30.0, "group_s": 10.0}
+    kw: dict[str, Any] = {"pending": 0, "need": 4, "step_s": 30.0, "group_s": 10.0}
     assert not paced_start(elapsed_s=5.0, **kw)  # the batch would wait 15 s, aging
     assert paced_start(elapsed_s=20.0, **kw)  # finishes as the step ends
     assert paced_start(elapsed_s=None, **kw)  # learner idle: the trainer waits, start now
