@@ -107,3 +107,31 @@ def test_wrong_or_missing_peer_names_are_one_line(sets, match):
     with pytest.raises(ConfigError, match=match) as e:
         load_config(RunConfig, "quick", sets)
     assert "\n" not in str(e.value)
+
+
+def test_the_trl_and_verl_name_tables_round_trip():
+    """Field → the peer name it declares → the table → the same field, for every field that
+    declares one, and back: the tables hold only declared names, and no two fields claim
+    one name (the table would keep the first, silently). A TRL name under a section of
+    ``peers_not_flat`` (``sft``, whose names TRL's SFTConfig shares with GRPOConfig) is read
+    inside its section only."""
+    from provrl.config import _fields
+
+    not_flat = tuple(f"{s}." for s in RunConfig.peers_not_flat)
+    declared: dict[str, dict[str, list[str]]] = {"trl": {}, "verl": {}}
+    for key, f in _fields(RunConfig):
+        extra = f.json_schema_extra if isinstance(f.json_schema_extra, dict) else {}
+        for peer in declared:
+            if isinstance(extra.get(peer), str) and not (peer == "trl" and key.startswith(not_flat)):  # fmt: skip
+                declared[peer].setdefault(str(extra[peer]), []).append(key)
+    for peer, table in (("trl", TRL), ("verl", VERL)):
+        claimed = {name: keys for name, keys in declared[peer].items() if len(keys) > 1}
+        assert not claimed, f"{peer} names claimed by two fields: {claimed}"
+        assert table == {name: keys[0] for name, keys in declared[peer].items()}
+    for key, f in _fields(RunConfig):  # the not-flat sections' names, inside the section
+        extra = f.json_schema_extra if isinstance(f.json_schema_extra, dict) else {}
+        if key.startswith(not_flat) and isinstance(extra.get("trl"), str):
+            text, want = _value(key)
+            section = key.rpartition(".")[0]
+            cfg = load_config(RunConfig, None, [f"{section}.{extra['trl']}={text}"])
+            assert _get(cfg, key) == want, key

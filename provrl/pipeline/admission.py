@@ -18,6 +18,9 @@ bound L = ``max_lag``:
   early as allowed, so a learner-bound run trains fresher groups whose episodes span the
   hot-load.
 
+:class:`Admission` is the loop's account of all three: the outstanding count, the ready
+queue (completed, not yet trained) and the pacer.
+
 Sync mode is the special case L = 0 with nothing in flight across a load: every action
 token has the version being updated (:func:`check_on_policy`).
 """
@@ -202,3 +205,63 @@ class Pacer:
         if not self.paced:
             return {}
         return {"paced_step_s": self.step_time.value, "paced_group_s": self.group_time.value}
+
+
+class Admission:
+    """The RL loop's groups between start and training: the outstanding count n that
+    admission bounds (n < (1 + L) · G, :func:`may_start`), the ready queue, the pacer."""
+
+    def __init__(self, groups_per_step: int, max_lag: int, *, paced: bool) -> None:
+        self.groups_per_step, self.max_lag = groups_per_step, max_lag
+        self.pacer = Pacer(groups_per_step, max_lag, paced=paced)
+        self.ready: list[RolloutGroup] = []
+        """Completed groups not yet trained, oldest first."""
+        self.outstanding = 0
+        """Groups started (or resubmitted, or queued on resume) and not yet trained or
+        dropped."""
+
+    def may_start(self, in_training: int) -> bool:
+        """Whether one more group may start: within the lag budget and, paced, needed by
+        the next step (``in_training``: the groups of the step the learner holds)."""
+        n, G, lag = self.outstanding, self.groups_per_step, self.max_lag
+        return may_start(n, G, lag) and self.pacer.may_start(n - in_training)
+
+    def started(self, key: str | None) -> None:
+        """A group started now (``key``; None: a resumed group finishing its samples, not
+        timed by the pacer)."""
+        self.outstanding += 1
+        if key is not None:
+            self.pacer.started(key)
+
+    def queue(self, groups: Sequence[RolloutGroup]) -> None:
+        """Completed groups a resume hands back, ahead of any that finishes later."""
+        self.ready += groups
+        self.outstanding += len(groups)
+
+    def finished(self, group: RolloutGroup, signal: bool, *, keep: bool) -> None:
+        """``group`` finished, with or without signal: to the ready queue if ``keep``, else
+        settled (skipped, never trained)."""
+        self.pacer.finished(group.key, signal)
+        if keep:
+            self.ready.append(group)
+        else:
+            self.outstanding -= 1
+
+    def batch(self) -> list[RolloutGroup] | None:
+        """The next step's G groups, oldest first, off the ready queue (None: fewer
+        ready)."""
+        if len(self.ready) < self.groups_per_step:
+            return None
+        batch, self.ready = self.ready[: self.groups_per_step], self.ready[self.groups_per_step :]
+        return batch
+
+    def drop_stale(self, trainer_version: int) -> list[RolloutGroup]:
+        """Drop (and return) the ready groups a step on ``trainer_version`` could not train
+        within ``max_lag``."""
+        self.ready, stale = split_stale(self.ready, trainer_version, self.max_lag)
+        self.outstanding -= len(stale)
+        return stale
+
+    def settled(self, groups: int) -> None:
+        """A step's ``groups`` are trained (or refused as not finite)."""
+        self.outstanding -= groups

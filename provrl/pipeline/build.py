@@ -18,11 +18,14 @@ version) and hands them to the loop, which owns none of the wiring.
 from __future__ import annotations
 
 import os
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import torch
 
+from provrl.distributed.factory import fleet_summary
 from provrl.engine.api import Engine, EngineFactory
 from provrl.models.loading import LoadedModel, load_model
 from provrl.pipeline.engines import engine_factory, make_learner, stage_engine_config
@@ -52,6 +55,24 @@ class RLParts:
     trainer_threads: int
     """torch threads of the learner thread (0: the process default)."""
 
+    def summary(self) -> dict[str, Any]:
+        """What the parts say about this session, for the stage summary (before
+        :meth:`close`): the engine's counters, the Ray fleet's versions per replica (None
+        off Ray), the trainer's info and the torch thread split."""
+        engine = self.engine.stats()
+        return {
+            "engine": engine,
+            "fleet": fleet_summary(self.engine, engine),
+            "trainer": self.learner.info(),
+            "threads": {"engine": self.engine_threads, "trainer": self.trainer_threads},
+        }
+
+    def learner_thread(self) -> ThreadPoolExecutor:
+        """The async loop's learner thread, with ``trainer_threads`` torch threads."""
+        return ThreadPoolExecutor(
+            1, "learner", initializer=_set_threads, initargs=(self.trainer_threads,)
+        )
+
     def close(self) -> None:
         """Close the learner, the engine and the metrics sink (in that order)."""
         self.learner.close()
@@ -66,6 +87,12 @@ def rl_seeds(cfg: RunConfig) -> tuple[int, int]:
     loop = cfg.pipeline.loop
     seed = cfg.seed if loop.seed is None else loop.seed
     return seed, cfg.pipeline.tasks.seed + 1 + (0 if loop.seed is None else 7919 * seed)
+
+
+def _set_threads(n: int) -> None:
+    """torch intra-op threads of the calling thread (0: leave the default)."""
+    if n:
+        torch.set_num_threads(n)
 
 
 def split_threads(cfg: RunConfig) -> tuple[int, int]:

@@ -24,15 +24,15 @@ signal (all rewards equal) is never trained. Per-token provenance (version, log 
 KV versions) gives the trainer exact importance weights, whatever mix of versions a
 trajectory holds. The loop is handed its parts (:func:`~provrl.pipeline.build.build_rl_parts`)
 and ``RUN/rl`` as the step log reads it back (:class:`~provrl.pipeline.steplog.StepLog`: the
-resume, the step records); its numbers come from :mod:`~provrl.pipeline.rl_stats`. A version
-is hot-loaded only after its checkpoint is complete, so no token carries a version a resumed
-run would produce again. A failpoint (``PROVRL_FAILPOINT``) sits between every two durable
-writes of a step; the crash tests kill at each::
+resume, the step records); the groups between start and training are
+:class:`~provrl.pipeline.admission.Admission`'s, its numbers come from
+:mod:`~provrl.pipeline.rl_stats`. A version is hot-loaded only after its checkpoint is
+complete, so no token carries a version a resumed run would produce again. A failpoint
+(``PROVRL_FAILPOINT``) sits between every two durable writes of a step; the crash tests kill
+at each (those of the commit are :class:`~provrl.pipeline.steplog.StepLog`'s)::
 
-    learner step ─ rl.trained ─ weights + optimizer ─ rl.ckpt.weights ─ state.json + step
-    record in the checkpoint ─ rl.ckpt.state ─ COMPLETE ─ rl.ckpt.complete ─ older
-    checkpoint pruned ─ rl.ckpt.pruned ─ steps.jsonl ─ rl.recorded ─ metrics row ─
-    rl.saved ─ hot-load (engine.hotload inside) ─ rl.hotloaded
+    learner step ─ rl.trained ─ StepLog.commit (rl.ckpt.weights … rl.recorded) ─ rl.saved ─
+    hot-load (engine.hotload inside) ─ rl.hotloaded
 """
 
 from __future__ import annotations
@@ -40,19 +40,17 @@ from __future__ import annotations
 import contextlib
 import time
 from collections.abc import Sequence
-from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import Future
 from pathlib import Path
 from typing import Any
 
-import torch
 from tqdm import tqdm
 
 from provrl._sys import release_memory, rss_mb
-from provrl.distributed.factory import fleet_summary
 from provrl.engine.api import EngineFactory, HotLoadMode
 from provrl.env.tasks import Task
 from provrl.failpoints import failpoint
-from provrl.pipeline.admission import Pacer, check_on_policy, group_lag, may_start, split_stale
+from provrl.pipeline.admission import Admission, check_on_policy, group_lag
 from provrl.pipeline.build import RLParts, build_rl_parts, rl_seeds
 from provrl.pipeline.curriculum import Curriculum, has_signal
 from provrl.pipeline.probe import probe_groups
@@ -77,8 +75,8 @@ class RLLoop:
 
     :meth:`run` (and :func:`run_rl`) is exactly that. Everything the two loops share is an
     attribute; the methods that change it — :meth:`submit_next`, :meth:`take`,
-    :meth:`drop_stale`, :meth:`finish_step` — run on the loop's thread; the learner thread
-    runs only :meth:`train`."""
+    :meth:`finish_step` — run on the loop's thread; the learner thread runs only
+    :meth:`train`."""
 
     def __init__(self, cfg: RunConfig, tasks: Sequence[Task], parts: RLParts, log: StepLog, *, progress: bool = True) -> None:  # fmt: skip
         """The loop on ``parts`` and the read-back ``log``: the curriculum rebuilt from the
@@ -95,13 +93,10 @@ class RLLoop:
         self.curriculum.replay(self.probe_groups.values(), logged, self.loop.k, self.state.version)
         self.t_session = time.perf_counter()  # this process: the engine's counters start here
         self.t_start = self.t_session - self.state.wall_s  # the stage: accumulates across resumes
-        self.ready: list[Group] = []
-        """Completed groups not yet trained, oldest first."""
-        self.outstanding = 0
-        """Groups started (or resubmitted) and not yet trained or dropped."""
+        self.admit = Admission(self.loop.groups_per_step, self.loop.max_lag, paced=self.loop.admission == "paced")  # fmt: skip
+        """The groups started and not yet trained or dropped; the ready queue."""
         self.signal = SignalCount()
         """Finished groups this session, and how many (and their tokens) had no signal."""
-        self.pacer = Pacer(self.loop.groups_per_step, self.loop.max_lag, paced=self.loop.admission == "paced")  # fmt: skip
         self.collector_summary: dict[str, Any] = {}
         self._stack = contextlib.ExitStack()
         self.col: Collector | None = None
@@ -134,11 +129,10 @@ class RLLoop:
         )
         for task_id, r, done in self.log.resumable(sync=self.loop.mode == "sync"):
             self.col.submit(self.by_id[task_id], self.loop.k, round=r, done=done)
-            self.outstanding += 1
+            self.admit.started(None)
+        self.admit.queue(self.log.redo)  # a lost step redone first, with the batch it trained
         if self.cfg.pipeline.curriculum.train_on_probe and self.loop.mode == "async":
-            self.ready += self.curriculum.trainable(self.probe_groups.values(), self.log.done())
-        self.ready[:0] = self.log.redo  # a lost step redone first, with the batch it trained
-        self.outstanding += len(self.ready)
+            self.admit.queue(self.curriculum.trainable(self.probe_groups.values(), self.log.done()))  # fmt: skip
         return self
 
     def __exit__(self, exc_type: object, *exc: object) -> None:
@@ -161,8 +155,7 @@ class RLLoop:
         """Start the group the curriculum picks (a kept task, or a re-probe)."""
         task, r, _ = self.curriculum.next_task()
         self.collector.submit(task, self.loop.k, round=r)
-        self.pacer.started(group_key(task.task_id, r))
-        self.outstanding += 1
+        self.admit.started(group_key(task.task_id, r))
 
     def take(self, finished: Sequence[Group]) -> None:
         """Finished groups: their evidence into the curriculum; those with signal to the
@@ -171,22 +164,13 @@ class RLLoop:
         for g in finished:
             self.curriculum.observe(g)
             signal = has_signal(g.rewards)
-            self.pacer.finished(g.key, signal)
             self.signal.add(sum(len(t) for t in g.trajectories), signal)
-            if signal or not skip_zero:
-                self.ready.append(g)
-            else:
+            keep = signal or not skip_zero
+            self.admit.finished(g, signal, keep=keep)
+            if not keep:
                 self.state.skipped.extend(t.traj_id for t in g.trajectories)
-                self.outstanding -= 1
         if skip_zero:
             self.signal.check(self.cfg.pipeline.curriculum.zero_signal_limit)
-
-    def drop_stale(self) -> None:
-        """Drop the ready groups a step on the learner's version could not train within
-        ``max_lag`` (async)."""
-        self.ready, stale = split_stale(self.ready, self.learner.version, self.loop.max_lag)
-        self.log.drop(stale)
-        self.outstanding -= len(stale)
 
     # ------------------------------------------------------------------ one step
     def train(self, groups: list[Group]) -> tuple[Any, dict[str, Any]]:
@@ -202,7 +186,7 @@ class RLLoop:
         hot-load u+1 (``mode``) — never the other way round, so no token is sampled under a
         version a crash could lose, and no committed step lacks its record."""
         failpoint("rl.trained")  # the update exists only in memory: a kill trains it again
-        self.outstanding -= len(groups)
+        self.admit.settled(len(groups))
         trajs = [t.traj_id for g in groups for t in g.trajectories]
         if result.skipped is not None:  # not finite: nothing saved or loaded, batch untrained
             self.state.nonfinite.extend(trajs)
@@ -215,7 +199,7 @@ class RLLoop:
             self.curriculum.advance(result.version)
         stats["pools"] = self.curriculum.counts()
         stats.update(self.signal.since_last_step())
-        stats.update(self.pacer.estimates())  # paced admission: what the next starts use
+        stats.update(self.admit.pacer.estimates())  # paced admission: what the next starts use
         stats["nonfinite_skipped"] = self.guard.since_last_step()
         self.state.nonfinite_steps = self.guard.total
         wall = time.perf_counter() - self.t_start
@@ -234,11 +218,10 @@ class RLLoop:
         action token has it, train, drain-load the new version; until ``steps``."""
         col, G, k = self.collector, self.loop.groups_per_step, self.loop.k
         while self.state.steps < self.loop.steps:
-            while col.queued + col.in_flight < G * k and len(self.ready) < G:
+            while col.queued + col.in_flight < G * k and len(self.admit.ready) < G:
                 self.submit_next()
-            while len(self.ready) < G:
+            while (batch := self.admit.batch()) is None:
                 self.take(col.poll(0.2))
-            batch, self.ready = self.ready[:G], self.ready[G:]
             check_on_policy(batch, self.learner.version)
             result, stats = self.train(batch)
             self.finish_step(result, stats, batch, "drain")
@@ -247,34 +230,27 @@ class RLLoop:
         """Hot-load: rollouts never stop (admission bounds staleness); whenever the learner
         is idle and G fresh groups are ready it trains them on its own thread, and each new
         version is hot-loaded into the running engine (``hotload`` mode); until ``steps``."""
-        col, G, lag = self.collector, self.loop.groups_per_step, self.loop.max_lag
-        threads = self.parts.trainer_threads
-        background = ThreadPoolExecutor(1, "learner", initializer=_set_threads, initargs=(threads,))
+        col, lag, background = self.collector, self.loop.max_lag, self.parts.learner_thread()
         fut: Future[tuple[Any, dict[str, Any]]] | None = None
         in_training: list[Group] = []
         try:
             while self.state.steps < self.loop.steps:
-                while (
-                    col.queued < self.loop.concurrency
-                    and may_start(self.outstanding, G, lag)
-                    and self.pacer.may_start(self.outstanding - len(in_training))
-                ):
+                while col.queued < self.loop.concurrency and self.admit.may_start(len(in_training)):
                     self.submit_next()
                 self.take(col.poll(0.05))
                 if fut is not None and fut.done():
                     result, stats = fut.result()
                     self.finish_step(result, stats, in_training, self.loop.hotload)
-                    self.pacer.trained()  # the step's wall time: train, save, load
+                    self.admit.pacer.trained()  # the step's wall time: train, save, load
                     # the published weights are in the engine now: don't hold them through
                     # the next step
                     fut, in_training, result = None, [], None
                 if fut is None and self.state.steps < self.loop.steps:
-                    self.drop_stale()
-                    if len(self.ready) >= G:
-                        in_training, self.ready = self.ready[:G], self.ready[G:]
-                        assert all(group_lag(g, self.learner.version) <= lag for g in in_training)
-                        fut = background.submit(self.train, in_training)
-                        self.pacer.training()
+                    self.log.drop(self.admit.drop_stale(self.learner.version))  # too stale
+                    if (batch := self.admit.batch()) is not None:
+                        assert all(group_lag(g, self.learner.version) <= lag for g in batch)
+                        fut, in_training = background.submit(self.train, batch), batch
+                        self.admit.pacer.training()
         finally:
             background.shutdown(wait=True)
 
@@ -297,19 +273,14 @@ class RLLoop:
 
     def finish(self) -> dict[str, Any]:
         """Close the learner, the engine and the metrics sink; the stage summary."""
-        eng = self.engine.stats()
-        fleet = fleet_summary(self.engine, eng)  # engine.backend: ray — versions per replica
-        trainer = self.learner.info()
+        parts = self.parts.summary()  # engine counters, Ray fleet, trainer, threads
         self.close()
         return stage_summary(
             {"mode": self.loop.mode, **self.log.summary()},
+            **parts,
             wall_s=time.perf_counter() - self.t_start,
             session_s=time.perf_counter() - self.t_session,
             trainer_busy_s=self.state.trainer_busy_s,
-            engine=eng,
-            fleet=fleet,
-            threads={"engine": self.parts.engine_threads, "trainer": self.parts.trainer_threads},
-            trainer=trainer,
             collector=self.collector_summary,
             curriculum=self.curriculum.summary(),
             signal=self.signal,
@@ -324,9 +295,3 @@ def run_rl(cfg: RunConfig, run: RunDir, world_dir: Path, tasks: Sequence[Task], 
     when it holds a checkpoint or a log; ``opts``: ``progress``, ``engines`` (the run's
     engine factory)."""
     return RLLoop.open(cfg, run, world_dir, tasks, start_policy, **opts).run()
-
-
-def _set_threads(n: int) -> None:
-    """torch intra-op threads of the calling thread (0: leave the default)."""
-    if n:
-        torch.set_num_threads(n)

@@ -4,6 +4,7 @@ step that will train it; eager when generation is the slower side or nothing is 
 from __future__ import annotations
 
 import math
+from typing import Any
 
 import pytest
 
@@ -11,7 +12,7 @@ from provrl.pipeline.admission import Ema, RecentMedian, groups_needed, paced_st
 
 
 def test_paced_start_waits_until_one_group_time_before_the_step_ends():
-    kw = {"pending": 0, "need": 4, "step_s": 30.0, "group_s": 10.0}
+    kw: dict[str, Any] = {"pending": 0, "need": 4, "step_s": 30.0, "group_s": 10.0}
     assert not paced_start(elapsed_s=5.0, **kw)  # the batch would wait 15 s, aging
     assert paced_start(elapsed_s=20.0, **kw)  # finishes as the step ends
     assert paced_start(elapsed_s=None, **kw)  # learner idle: the trainer waits, start now
@@ -55,3 +56,30 @@ def test_the_step_time_estimate_follows_a_change_of_regime():
     assert RecentMedian().value is None
     m = RecentMedian(n=3)
     assert [m.update(x) for x in (5.0, 1.0, 3.0, 100.0)] == [5.0, 3.0, 3.0, 3.0]
+
+
+def test_admission_bounds_outstanding_groups_and_drops_the_stale_ones():
+    """n < (1 + L) · G starts; a step takes G ready groups, oldest first; a group beyond
+    the lag bound leaves the ready queue and the outstanding count."""
+    from types import SimpleNamespace
+
+    from provrl.pipeline.admission import Admission
+
+    adm = Admission(groups_per_step=2, max_lag=1, paced=False)
+    for i in range(4):
+        assert adm.may_start(in_training=0)
+        adm.started(f"t{i}#r1")
+    assert not adm.may_start(in_training=0) and adm.outstanding == 4
+
+    def group(key: str, v: int) -> SimpleNamespace:
+        return SimpleNamespace(key=key, min_version=lambda: v)
+
+    old, a, b = group("t0#r1", 0), group("t1#r1", 2), group("t2#r1", 2)
+    for g in (old, a, b):
+        adm.finished(g, signal=True, keep=True)  # type: ignore[arg-type]
+    adm.finished(group("t3#r1", 2), signal=False, keep=False)  # type: ignore[arg-type]
+    assert adm.outstanding == 3 and adm.ready == [old, a, b]
+    assert adm.drop_stale(trainer_version=2) == [old] and adm.outstanding == 2
+    assert adm.batch() == [a, b] and adm.ready == [] and adm.batch() is None
+    adm.settled(2)
+    assert adm.outstanding == 0 and adm.may_start(in_training=0)

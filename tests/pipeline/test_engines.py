@@ -39,8 +39,13 @@ def _invoke(args: list[str]) -> None:
     assert res.exit_code == 0, f"{res.output}\n{res.exception!r}"
 
 
-def test_eval_and_run_derive_the_same_engine_config(tmp_path, monkeypatch):
-    sets = ["pipeline.eval.concurrency=4", "env.eval.concurrency=4"]
+@pytest.mark.parametrize(
+    "sets", [["pipeline.eval.concurrency=4", "env.eval.concurrency=4"], []], ids=["set", "preset"]
+)
+def test_eval_and_run_derive_the_same_engine_config(tmp_path, monkeypatch, sets):
+    """The same run config gives `provrl eval` and `provrl run`'s eval stage the same
+    EngineConfig: with the eval concurrency set in both sections, and with the preset alone
+    (its engine.max_seqs covers both sections' concurrency)."""
     cfg = load_config(RunConfig, "quick", sets)
     cli = Recorder()
     monkeypatch.setattr(engines_mod, "engine_factory", lambda _cfg: cli)
@@ -53,7 +58,7 @@ def test_eval_and_run_derive_the_same_engine_config(tmp_path, monkeypatch):
     stages.evaluate_policy(cfg, RunDir(tmp_path / "run"), world, "rl", "tiny", tasks, False, run)
     assert cli.made == run.made
     assert run.made[0].max_context == cfg.engine.max_context  # the run's, not a second rule
-    assert run.made[0] == engines_mod.stage_engine_config(cfg, 4)
+    assert run.made[0] == engines_mod.stage_engine_config(cfg, cfg.pipeline.eval.concurrency)
 
 
 @pytest.mark.parametrize("command", ["eval", "probe"])

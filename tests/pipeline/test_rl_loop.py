@@ -91,14 +91,14 @@ def test_a_group_without_signal_is_skipped_never_trained_and_counted(tmp_path, s
     loop = RLLoop.open(cfg, RunDir(tmp_path), small_world, tasks, "tiny", progress=False)
     try:
         flat, varied = _group(tasks[0], [-0.5] * 4), _group(tasks[1], [0.9, 0.8, -0.5, 0.9])
-        loop.outstanding = 2
+        loop.admit.outstanding = 2
         loop.take([flat, varied])
-        assert loop.ready == [varied] and loop.outstanding == 1
+        assert loop.admit.ready == [varied] and loop.admit.outstanding == 1
         assert set(loop.state.skipped) == {t.traj_id for t in flat.trajectories}
         assert loop.signal.zero_signal_groups == 1 and loop.signal.groups == 2
         # a solved group whose rewards differ (fewer tool calls scored higher) has signal
         loop.take([_group(tasks[2], [0.9, 0.8, 0.9, 0.9])])
-        assert len(loop.ready) == 2
+        assert len(loop.admit.ready) == 2
         with pytest.raises(ConfigError, match="3 finished groups in a row had no signal"):
             loop.take([_group(t, [0.0] * 4, r=2) for t in tasks])
         # the evidence of every group, trained or not, reached the curriculum
