@@ -232,10 +232,13 @@ class LocalLearner:
         import torch
 
         from provrl.models.checkpoint import save_checkpoint
+        from provrl.train.lora import has_lora, merged_state_dict
 
-        save_checkpoint(self.lm.model, self.lm.tokenizer, path, **meta)
         t = self.trainer
-        if t.optimizer is not None:
+        lora = has_lora(t.model)  # a plain (merged) model on disk; adapters restart on resume
+        merged = merged_state_dict(t.model) if lora else None
+        save_checkpoint(self.lm.model, self.lm.tokenizer, path, state_dict=merged, **meta)
+        if t.optimizer is not None and not lora:
             torch.save(
                 {
                     "optimizer": t.optimizer.state_dict(),
