@@ -61,3 +61,20 @@ def merged_state_dict(model: Any) -> dict[str, torch.Tensor]:
             continue
         out[k.replace(".base_layer.", ".")] = deltas.get(k, v)
     return out
+
+
+def lora_base_names(model: Any, state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """A plain model's ``state`` under ``model``'s LoRA names: ``x.weight`` of an adapted
+    layer becomes ``x.base_layer.weight`` (what :func:`merged_state_dict` undoes)."""
+    names = {k.replace(".base_layer.", "."): k for k in model.state_dict() if ".lora_" not in k}
+    return {names.get(k, k): v for k, v in state.items()}
+
+
+def reset_adapters(model: Any) -> None:
+    """Every adapter back to its init (A random, B = 0): the policy is its base weights."""
+    from peft.tuners.lora import LoraLayer
+
+    for m in model.modules():
+        if isinstance(m, LoraLayer) and ADAPTER in m.lora_A:
+            layer: Any = m
+            layer.reset_lora_parameters(ADAPTER, True)

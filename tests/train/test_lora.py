@@ -73,3 +73,32 @@ def test_lora_policy_at_init_has_the_base_logprobs(tiny, prompts):
     assert torch.equal(base, adapted)
     merged = merged_state_dict(lora)
     assert all(torch.equal(v, tiny.model.state_dict()[k]) for k, v in merged.items())
+
+
+def test_a_lora_checkpoint_is_a_plain_model_and_resumes_and_rolls_back(tiny, prompts, tmp_path):
+    """Saved: the merged weights as a plain model (what eval loads) plus RNG and step count;
+    a resumed or rolled-back learner puts fresh adapters on those weights."""
+    import dataclasses
+
+    from provrl.models import load_model
+    from provrl.train.learner import LocalLearner
+
+    cfg = RLConfig(lr=1e-2, lora=LORA, minibatches=2)
+    a = LocalLearner(dataclasses.replace(tiny, model=copy.deepcopy(tiny.model)), cfg, version=0)
+    first = a.step(make_batch(tiny.model, prompts, tokens=4))
+    a.save(tmp_path / "ckpt", kind="rl", version=1)
+    plain = load_model(str(tmp_path / "ckpt"))
+    on_disk = plain.model.state_dict()
+    assert on_disk.keys() == tiny.model.state_dict().keys()
+    assert all(torch.equal(on_disk[k], first.weights[k]) for k in on_disk)
+
+    b = LocalLearner(plain, cfg, version=1, optimizer_state=tmp_path / "ckpt")
+    assert b.trainer.optimizer_steps == a.trainer.optimizer_steps == 2
+    second = b.step(make_batch(tiny.model, prompts, tokens=4))
+    assert second.version == 2 and second.skipped is None
+
+    a.step(make_batch(tiny.model, prompts, tokens=4))  # moves the adapters again
+    a.rollback()  # back to the saved merged weights, adapters at B = 0
+    back = published_weights(a.trainer.model)
+    assert all(torch.equal(back[k], on_disk[k]) for k in on_disk)
+    assert a.trainer.optimizer_steps == 2
