@@ -193,6 +193,13 @@ class RLConfig(Section):
         "not trained.",
     )
     progress: bool = Field(False, description="Show a progress bar over micro-batches.")
+    gradient_checkpointing: bool = Field(
+        False,
+        description="Recompute each decoder layer's activations in backward instead of "
+        "holding them (HF gradient_checkpointing_enable, non-reentrant): less memory, "
+        "one more forward per layer.",
+        **peer_names("gradient_checkpointing", trl="gradient_checkpointing"),
+    )
     lora: LoraConfig = Field(
         default_factory=LoraConfig,
         description="LoRA adapters instead of a full fine-tune (engines get merged weights).",

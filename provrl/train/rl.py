@@ -273,6 +273,13 @@ def published_weights(model: Any, dtype: torch.dtype | None = None) -> dict[str,
     return out
 
 
+def checkpointed_layers(model: Any) -> list[Any]:
+    """The decoder layers HF recomputes in backward (``gradient_checkpointing_enable``).
+    Put in train mode alone, so that the rest of the model stays in eval mode; a Llama
+    decoder layer has no dropout at ``attention_dropout: 0``, so its output is unchanged."""
+    return [m for m in model.modules() if getattr(m, "gradient_checkpointing", False)]
+
+
 # ============================================================================ the trainer
 @dataclass
 class StepResult:
@@ -316,6 +323,10 @@ class RLTrainer:
     ) -> None:
         if cfg.lora.enabled and not has_lora(model):
             model = add_lora(model, cfg.lora)
+        if cfg.gradient_checkpointing:
+            model.gradient_checkpointing_enable(
+                gradient_checkpointing_kwargs={"use_reentrant": False}
+            )
         self.model = model
         self.publish_dtype = publish_dtype
         """dtype of the published weights (None: the model's). An engine that computes in
@@ -360,6 +371,9 @@ class RLTrainer:
         t0 = time.perf_counter()
         cfg = self.cfg
         self.model.eval()
+        if cfg.gradient_checkpointing:  # HF recomputes a layer only in train mode
+            for layer in checkpointed_layers(self.model):
+                layer.train()
         rng, steps_before = self.generator.get_state(), self.optimizer_steps
         batch, metrics = prepare_batch(
             trajectories,

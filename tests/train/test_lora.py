@@ -102,3 +102,20 @@ def test_a_lora_checkpoint_is_a_plain_model_and_resumes_and_rolls_back(tiny, pro
     back = published_weights(a.trainer.model)
     assert all(torch.equal(back[k], on_disk[k]) for k in on_disk)
     assert a.trainer.optimizer_steps == 2
+
+
+def test_gradient_checkpointing_gives_the_same_step_with_fewer_saved_activations(tiny, prompts):
+    pad = tiny.tokenizer.pad_token_id
+    trajs = make_batch(tiny.model, prompts)
+    out = []
+    for gc in (False, True):
+        cfg = RLConfig(
+            lr=1e-3, gradient_checkpointing=gc, objective=ObjectiveConfig(correction="tis")
+        )
+        trainer = RLTrainer(copy.deepcopy(tiny.model), cfg, pad_token_id=pad)
+        out.append(trainer.step(fresh(trajs)))
+    plain, ckpt = out
+    assert plain.metrics["loss"] == ckpt.metrics["loss"]
+    assert plain.metrics["grad_norm"] == ckpt.metrics["grad_norm"]
+    assert all(torch.equal(plain.state_dict[k], ckpt.state_dict[k]) for k in plain.state_dict)
+    assert ckpt.metrics["mem_activations_mib"] < plain.metrics["mem_activations_mib"]
