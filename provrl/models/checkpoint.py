@@ -34,9 +34,15 @@ class CheckpointError(ValueError):
 
 
 def save_checkpoint(
-    model: Any, tokenizer: Any, path: str | os.PathLike[str], **metadata: Any
+    model: Any,
+    tokenizer: Any,
+    path: str | os.PathLike[str],
+    *,
+    state_dict: dict[str, Any] | None = None,
+    **metadata: Any,
 ) -> Path:
-    """Write ``model`` (+ tokenizer, + ``provrl.json`` with ``metadata`` and the tokenizer's
+    """Write ``model`` (its weights, or ``state_dict`` in their place: a LoRA policy's
+    merged weights) (+ tokenizer, + ``provrl.json`` with ``metadata`` and the tokenizer's
     identity) to ``path``, loadable by transformers 4.x and 5.x, with normal permissions.
 
     Written to a temporary sibling directory first and renamed, so a crash never leaves a
@@ -50,7 +56,7 @@ def save_checkpoint(
         tmp = atomic_tmp_dir(final)
     try:
         with writing(final, tmp):
-            model.save_pretrained(tmp, safe_serialization=True)
+            model.save_pretrained(tmp, safe_serialization=True, state_dict=state_dict)
             portable_config(tmp / "config.json")
             if tokenizer is not None:
                 tokenizer.save_pretrained(tmp)

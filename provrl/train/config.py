@@ -16,6 +16,37 @@ TRUNCATED_FINISHES = ("token_budget", "max_turns")
 before an answer): what ``mask_truncated`` drops from the loss."""
 
 
+class LoraConfig(Section):
+    """Low-rank adapters (peft) on the policy: W' = W + (alpha / r)·B·A, B zero at init.
+    Only A and B get gradients and optimizer state; engines are sent the merged W'."""
+
+    enabled: bool = Field(
+        False,
+        description="Train LoRA adapters instead of every weight.",
+        **peer_names("enabled", trl="use_peft"),
+    )
+    r: int = Field(16, ge=1, description="Adapter rank r.", **peer_names("r", trl="lora_r"))
+    alpha: int = Field(
+        32,
+        gt=0,
+        description="Adapter scale numerator: the update is (alpha / r)·B·A.",
+        **peer_names("alpha", trl="lora_alpha"),
+    )
+    dropout: float = Field(
+        0.0,
+        ge=0,
+        lt=1,
+        description="Dropout on the adapter input (0 keeps training logprobs deterministic).",
+        **peer_names("dropout", trl="lora_dropout"),
+    )
+    target_modules: list[str] = Field(
+        default_factory=lambda: ["q_proj", "k_proj", "v_proj", "o_proj"],
+        min_length=1,
+        description="Names of the Linear modules that get adapters (peft target_modules).",
+        **peer_names("target_modules", trl="lora_target_modules"),
+    )
+
+
 class RLConfig(Section):
     """One RL update per batch of trajectories: advantages → correction + loss → optimizer."""
 
@@ -162,6 +193,17 @@ class RLConfig(Section):
         "not trained.",
     )
     progress: bool = Field(False, description="Show a progress bar over micro-batches.")
+    gradient_checkpointing: bool = Field(
+        False,
+        description="Recompute each decoder layer's activations in backward instead of "
+        "holding them (HF gradient_checkpointing_enable, non-reentrant): less memory, "
+        "one more forward per layer.",
+        **peer_names("gradient_checkpointing", trl="gradient_checkpointing"),
+    )
+    lora: LoraConfig = Field(
+        default_factory=LoraConfig,
+        description="LoRA adapters instead of a full fine-tune (engines get merged weights).",
+    )
 
     @model_validator(mode="after")
     def _check(self) -> RLConfig:

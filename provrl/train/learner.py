@@ -170,8 +170,11 @@ class LocalLearner:
 
     def restore(self, ckpt: str | os.PathLike[str]) -> None:
         """Load AdamW state, RNG and step count from ``ckpt/optimizer.pt`` (if the trainer
-        has an optimizer: TRPO keeps none)."""
+        has an optimizer: TRPO keeps none; a LoRA checkpoint holds no AdamW state — its
+        adapters were merged into the weights and start again)."""
         import torch
+
+        from provrl.train.lora import has_lora
 
         t = self.trainer
         if t.optimizer is None:
@@ -181,7 +184,8 @@ class LocalLearner:
 
         try:
             opt = torch.load(path, weights_only=True)
-            t.optimizer.load_state_dict(opt["optimizer"])
+            if "optimizer" in opt or not has_lora(t.model):
+                t.optimizer.load_state_dict(opt["optimizer"])
             t.generator.set_state(opt["generator"])
             t.optimizer_steps = int(opt["optimizer_steps"])
         except (OSError, RuntimeError, KeyError, ValueError, pickle.UnpicklingError) as e:
@@ -202,6 +206,7 @@ class LocalLearner:
         import torch
 
         from provrl.models.checkpoint import load_state_dict
+        from provrl.train.lora import has_lora, lora_base_names, reset_adapters
 
         if self.durable is None:
             raise NonFiniteError(
@@ -212,14 +217,18 @@ class LocalLearner:
         for f in sorted(self.durable.glob("*.safetensors")):
             state.update(load_state_dict(f))
         model = self.lm.model
+        lora = has_lora(model)
+        if lora:  # merged weights into the base layers, fresh adapters
+            state = lora_base_names(model, state)
+            reset_adapters(model)
         missing, unexpected = model.load_state_dict(state, strict=False)
+        missing = [k for k in missing if ".lora_" not in k]
         tied = {k for k in missing if k.endswith("lm_head.weight")}
         if unexpected or set(missing) - tied:
             raise NonFiniteError(f"{self.durable}: cannot roll back to these weights")
         t = self.trainer
-        if (self.durable / OPTIMIZER_FILE).is_file():
-            self.restore(self.durable)
-        elif t.optimizer is not None:
+        saved = (self.durable / OPTIMIZER_FILE).is_file()
+        if t.optimizer is not None and (lora or not saved):  # LoRA: fresh adapter moments
             from provrl.train.optim import adamw
 
             c = t.cfg
@@ -227,23 +236,24 @@ class LocalLearner:
                 t.params, lr=c.lr, betas=c.betas, eps=c.adam_eps, weight_decay=c.weight_decay
             )
             t.optimizer_steps = 0
+        if saved:
+            self.restore(self.durable)
 
     def save(self, path: str | os.PathLike[str], **meta: Any) -> None:
         import torch
 
         from provrl.models.checkpoint import save_checkpoint
+        from provrl.train.lora import has_lora, merged_state_dict
 
-        save_checkpoint(self.lm.model, self.lm.tokenizer, path, **meta)
         t = self.trainer
+        lora = has_lora(t.model)  # on disk a plain model, W + (alpha / r)·B·A
+        merged = merged_state_dict(t.model) if lora else None
+        save_checkpoint(self.lm.model, self.lm.tokenizer, path, state_dict=merged, **meta)
         if t.optimizer is not None:
-            torch.save(
-                {
-                    "optimizer": t.optimizer.state_dict(),
-                    "generator": t.generator.get_state(),
-                    "optimizer_steps": t.optimizer_steps,
-                },
-                Path(path) / OPTIMIZER_FILE,
-            )
+            state = {"generator": t.generator.get_state(), "optimizer_steps": t.optimizer_steps}
+            if not lora:  # LoRA: adapters and their moments restart on the merged weights
+                state["optimizer"] = t.optimizer.state_dict()
+            torch.save(state, Path(path) / OPTIMIZER_FILE)
         self.durable = Path(path)
 
     def info(self) -> dict[str, Any]:

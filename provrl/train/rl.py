@@ -67,6 +67,7 @@ from provrl.train.logprobs import (
     hidden_before,
     token_logprobs_chunked,
 )
+from provrl.train.lora import add_lora, has_lora, merged_state_dict
 from provrl.train.memory import LM_HEAD_BYTES, SavedTensorMeter, step_memory
 from provrl.train.optim import adamw
 from provrl.train.packing import (
@@ -254,10 +255,12 @@ def nonfinite_reason(metrics: dict[str, float], params: Sequence[torch.Tensor]) 
 def published_weights(model: Any, dtype: torch.dtype | None = None) -> dict[str, torch.Tensor]:
     """Detached CPU copies of ``model``'s state dict (in ``dtype`` when given, floating
     tensors only), one copy per storage: tied weights (SmolLM2's embedding and LM head) stay
-    one tensor under both names."""
+    one tensor under both names. A LoRA model publishes its merged weights under the plain
+    model's names (:func:`provrl.train.lora.merged_state_dict`)."""
     out: dict[str, torch.Tensor] = {}
     seen: dict[tuple[int, torch.Size, torch.dtype], torch.Tensor] = {}
-    for k, v in model.state_dict().items():
+    state: dict[str, Any] = merged_state_dict(model) if has_lora(model) else model.state_dict()
+    for k, v in state.items():
         key = (
             v.untyped_storage().data_ptr() + v.storage_offset() * v.element_size(),
             v.shape,
@@ -268,6 +271,13 @@ def published_weights(model: Any, dtype: torch.dtype | None = None) -> dict[str,
             seen[key] = v.detach().to("cpu", dtype=to, copy=True)
         out[k] = seen[key]
     return out
+
+
+def checkpointed_layers(model: Any) -> list[Any]:
+    """The decoder layers HF recomputes in backward (``gradient_checkpointing_enable``).
+    Put in train mode alone, so that the rest of the model stays in eval mode; a Llama
+    decoder layer has no dropout at ``attention_dropout: 0``, so its output is unchanged."""
+    return [m for m in model.modules() if getattr(m, "gradient_checkpointing", False)]
 
 
 # ============================================================================ the trainer
@@ -311,6 +321,12 @@ class RLTrainer:
         tokenizer: dict[str, str] | None = None,
         publish_dtype: torch.dtype | None = None,
     ) -> None:
+        if cfg.lora.enabled and not has_lora(model):
+            model = add_lora(model, cfg.lora)
+        if cfg.gradient_checkpointing:
+            model.gradient_checkpointing_enable(
+                gradient_checkpointing_kwargs={"use_reentrant": False}
+            )
         self.model = model
         self.publish_dtype = publish_dtype
         """dtype of the published weights (None: the model's). An engine that computes in
@@ -355,6 +371,9 @@ class RLTrainer:
         t0 = time.perf_counter()
         cfg = self.cfg
         self.model.eval()
+        if cfg.gradient_checkpointing:  # HF recomputes a layer only in train mode
+            for layer in checkpointed_layers(self.model):
+                layer.train()
         rng, steps_before = self.generator.get_state(), self.optimizer_steps
         batch, metrics = prepare_batch(
             trajectories,
