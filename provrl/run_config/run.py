@@ -93,7 +93,6 @@ class RunConfig(Section):
         "save_steps": "every RL step is checkpointed before its weights are hot-loaded",
         "bf16": "set model.dtype=bfloat16 (the trainer) and engine.dtype=bfloat16 (rollouts)",
         "fp16": "set model.dtype=float16 and engine.dtype=float16",
-        "gradient_checkpointing": "not supported yet",
         "per_device_train_batch_size": "rl.micro_batch_size is trajectories per "
         "forward/backward; a step's batch is pipeline.loop.groups_per_step x pipeline.loop.k",
         "gradient_accumulation_steps": "a step's batch is pipeline.loop.groups_per_step x "
