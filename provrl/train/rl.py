@@ -328,6 +328,8 @@ class RLTrainer:
                 gradient_checkpointing_kwargs={"use_reentrant": False}
             )
         self.model = model
+        self.recomputed = checkpointed_layers(model) if cfg.gradient_checkpointing else []
+        """Decoder layers put in train mode at each step (HF recomputes only those)."""
         self.publish_dtype = publish_dtype
         """dtype of the published weights (None: the model's). An engine that computes in
         bfloat16 rounds a float32 copy to the same values, so publishing in its dtype loses
@@ -371,9 +373,8 @@ class RLTrainer:
         t0 = time.perf_counter()
         cfg = self.cfg
         self.model.eval()
-        if cfg.gradient_checkpointing:  # HF recomputes a layer only in train mode
-            for layer in checkpointed_layers(self.model):
-                layer.train()
+        for layer in self.recomputed:  # HF recomputes a layer only in train mode
+            layer.train()
         rng, steps_before = self.generator.get_state(), self.optimizer_steps
         batch, metrics = prepare_batch(
             trajectories,
