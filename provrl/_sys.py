@@ -216,10 +216,10 @@ def pin_mmap_threshold(nbytes: int = MMAP_THRESHOLD) -> bool:
     dynamic raise: by default, freeing an mmapped block raises the threshold to that block's
     size (up to 32 MiB), so later blocks of that size come from the heap and stay there,
     fragmented. Whether that happens during a measured step depends on the order in which
-    earlier tensors were freed, and the same step's peak RSS then landed on two values 50 MiB
-    apart on the tiny model (659 or 714 MiB; 607 MiB every time when pinned). The trainer
-    benchmark pins it in each side's process so the peak is a property of the step. True
-    when set; False where libc has no ``mallopt``."""
+    earlier tensors were freed, so the same step's peak RSS varied from run to run (enough to
+    break tests/bench/test_trainer_bench.py's 10 % memory bound in CI); pinned, it repeats.
+    The trainer benchmark pins it in each side's process so the peak is a property of the
+    step. True when set; False where libc has no ``mallopt``."""
     with contextlib.suppress(OSError, AttributeError):
         return bool(ctypes.CDLL("libc.so.6").mallopt(-3, int(nbytes)))  # M_MMAP_THRESHOLD
     return False

@@ -184,7 +184,7 @@ class CurriculumConfig(Section):
         False,
         description="Start kept tasks tier by tier: from the tier whose kept tasks have been "
         "started least in total, then least visited within it, so a tier with fewer kept tasks "
-        "(tier 2 against tier 1, two to one in a default run) gets as many groups as the "
+        "(tier 2 against tier 1 in a default run) gets as many groups as the "
         "larger one (False: the kept pool is one pool, least visited first).",
     )
     skip_zero_signal: bool = Field(
