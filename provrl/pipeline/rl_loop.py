@@ -95,8 +95,8 @@ class RLLoop:
         self.t_start = self.t_session - self.state.wall_s  # the stage: accumulates across resumes
         self.admit = Admission(self.loop.groups_per_step, self.loop.max_lag, paced=self.loop.admission == "paced")  # fmt: skip
         """The groups started and not yet trained or dropped; the ready queue."""
-        self.signal = SignalCount()
-        """Finished groups this session, and how many (and their tokens) had no signal."""
+        self.signal = SignalCount.restored(self.state.signal)
+        """Finished groups of the run, and how many (and their tokens) had no signal."""
         self.collector_summary: dict[str, Any] = {}
         self._stack = contextlib.ExitStack()
         self.col: Collector | None = None
@@ -154,7 +154,7 @@ class RLLoop:
     def submit_next(self) -> None:
         """Start the group the curriculum picks (a kept task, or a re-probe)."""
         task, r, _ = self.curriculum.next_task()
-        self.collector.submit(task, self.loop.k, round=r)
+        self.collector.submit(task, self.loop.k, round=r, meta=self.curriculum.stamp(task.task_id, r))  # fmt: skip
         self.admit.started(group_key(task.task_id, r))
 
     def take(self, finished: Sequence[Group]) -> None:
@@ -164,7 +164,7 @@ class RLLoop:
         for g in finished:
             self.curriculum.observe(g)
             signal = has_signal(g.rewards)
-            self.signal.add(sum(len(t) for t in g.trajectories), signal)
+            self.signal.add(sum(len(t) for t in g.trajectories), signal, g.key)
             keep = signal or not skip_zero
             self.admit.finished(g, signal, keep=keep)
             if not keep:
@@ -201,7 +201,7 @@ class RLLoop:
         stats.update(self.signal.since_last_step())
         stats.update(self.admit.pacer.estimates())  # paced admission: what the next starts use
         stats["nonfinite_skipped"] = self.guard.since_last_step()
-        self.state.nonfinite_steps = self.guard.total
+        self.state.nonfinite_steps, self.state.signal = self.guard.total, self.signal.durable()
         wall = time.perf_counter() - self.t_start
         record = step_record(self.state.steps, result.version, stats, dict(result.metrics), wall_s=wall, rss_mb=rss_mb())  # fmt: skip
         self.log.commit(result.version, record, self.learner, self.metrics, t_start=self.t_start, keep=self.loop.save_total_limit)  # fmt: skip
