@@ -52,7 +52,7 @@ from provrl.env.tasks import Task
 from provrl.failpoints import failpoint
 from provrl.pipeline.admission import Admission, check_on_policy, group_lag
 from provrl.pipeline.build import RLParts, build_rl_parts, rl_seeds
-from provrl.pipeline.curriculum import Curriculum, has_signal
+from provrl.pipeline.curriculum import Curriculum
 from provrl.pipeline.probe import probe_groups
 from provrl.pipeline.rl_stats import SignalCount, batch_stats, stage_summary, step_record
 from provrl.pipeline.rundir import RunDir
@@ -131,6 +131,8 @@ class RLLoop:
             self.col.submit(self.by_id[task_id], self.loop.k, round=r, done=done)
             self.admit.started(None)
         self.admit.queue(self.log.redo)  # a lost step redone first, with the batch it trained
+        for g in self.log.redo:  # counted as the lost step counted them (unless an earlier did)
+            self.signal.add_group(g)
         if self.cfg.pipeline.curriculum.train_on_probe and self.loop.mode == "async":
             self.admit.queue(self.curriculum.trainable(self.probe_groups.values(), self.log.done()))  # fmt: skip
         return self
@@ -163,8 +165,7 @@ class RLLoop:
         skip_zero = self.cfg.pipeline.curriculum.skip_zero_signal
         for g in finished:
             self.curriculum.observe(g)
-            signal = has_signal(g.rewards)
-            self.signal.add(sum(len(t) for t in g.trajectories), signal, g.key)
+            signal = self.signal.add_group(g)
             keep = signal or not skip_zero
             self.admit.finished(g, signal, keep=keep)
             if not keep:

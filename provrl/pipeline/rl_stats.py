@@ -20,6 +20,7 @@ from typing import Any
 import numpy as np
 
 from provrl.config import ConfigError
+from provrl.pipeline.curriculum import has_signal
 from provrl.rollout.collector import Group
 
 BATCH_SCALARS = (
@@ -133,6 +134,12 @@ class SignalCount:
         n = {k: int(saved.get(k, 0)) for k in COUNTS}
         g, z = n["groups"], n["zero_signal_groups"]
         return cls(**n, mark=(g, z), counted=set(saved.get("counted", ())))
+
+    def add_group(self, group: Group) -> bool:
+        """One finished ``group`` (counted once, by its key); whether it has signal."""
+        signal = has_signal(group.rewards)
+        self.add(sum(len(t) for t in group.trajectories), signal, group.key)
+        return signal
 
     def add(self, tokens: int, signal: bool, key: str = "") -> None:
         """One finished group (``key``; a key already counted is ignored) of ``tokens``

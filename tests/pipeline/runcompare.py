@@ -16,13 +16,16 @@ killed (issue 38's exact resume). Reads the run's files itself (``json`` only), 
   version's moves come in completion order), groups started, and every task's pool,
   posterior (α, β), groups started and groups of evidence;
 * **the whole run's counts** (``done.json``): steps, trajectories trained, stale groups
-  dropped, rollouts (episodes), and the finished groups with and without signal.
+  dropped, rollouts (episodes), and the finished groups with and without signal — and the
+  report's lines that quote them (``- rollouts: N episodes``, ``- groups without
+  signal``): a report after a resume covers every session, not the last.
 """
 
 from __future__ import annotations
 
 import json
 import math
+import re
 from pathlib import Path
 from typing import Any
 
@@ -88,4 +91,15 @@ def differences(run: Path, ref: Path) -> list[str]:
     for tid in sorted(tasks.keys() | ref_tasks.keys()):
         if not same(tasks.get(tid), ref_tasks.get(tid)):
             out.append(f"curriculum task {tid}: {tasks.get(tid)} != {ref_tasks.get(tid)}")
+    report, ref_report = (report_counts(r) for r in (run, ref))
+    if report != ref_report:
+        out.append(f"report: {report} != {ref_report}")
     return out
+
+
+def report_counts(run: Path) -> list[str]:
+    """The report's whole-run counts: its rollouts' episodes and its groups without
+    signal (the rates beside them are the last session's)."""
+    text = (run / "report" / "report.md").read_text()
+    out = re.findall(r"^- rollouts: (\d+ episodes)", text, re.M)
+    return out + re.findall(r"^- groups without signal .*$", text, re.M)

@@ -212,7 +212,7 @@ def test_a_damaged_newest_checkpoint_falls_back_and_redoes_the_lost_step_exactly
 
     base = tmp_path / "base"
     loop = _loop(base, small_world, "sync")
-    loop.run()
+    first = loop.run()
     rl = base / "rl"
     assert sorted(p.name for p in rl.glob("ckpt-v*")) == ["ckpt-v1", "ckpt-v2"]  # two kept
     original = read_steps(base)
@@ -230,6 +230,10 @@ def test_a_damaged_newest_checkpoint_falls_back_and_redoes_the_lost_step_exactly
         steps = read_steps(d)
         assert [s["step"] for s in steps] == [1, 2] and summary["final_version"] == 2
         assert [s["trained"] for s in steps] == [s["trained"] for s in original]
+        # the redone step counts the groups it trained, as the lost one did (issue 38)
+        counts = [(s["finished_groups"], s["zero_signal_groups"]) for s in steps]
+        assert counts == [(s["finished_groups"], s["zero_signal_groups"]) for s in original]
+        assert summary["zero_signal"] == first["zero_signal"]
         assert _manifest(d / "rl" / "ckpt-v2")["model.safetensors"] == weights  # exact redo
         damaged = list((d / "rl").glob("damaged-ckpt-v2-*"))
         if name == "steps.jsonl":  # repaired from the other durable copy, no fallback
