@@ -29,7 +29,9 @@ would only dilute the step (DAPO's dynamic sampling).
 A resumed run rebuilds the state by replaying the probe and the trajectory log
 (:meth:`Curriculum.replay`: :meth:`Curriculum.record` in log order, then
 :meth:`Curriculum.advance` to the resumed version): the same evidence, so the same posteriors — each group counted once, even the
-complete untrained ones the collector hands back after the replay (:attr:`Evidence.group`); a pool decided at an edge may come out
+complete untrained ones the collector hands back after the replay (:attr:`Evidence.group`) —,
+and from each sample's :meth:`Curriculum.stamp` the same order of starts, so the resumed run
+starts the tasks the uninterrupted one starts; a pool decided at an edge may come out
 the other way than it did live, because the live run interleaved ``advance`` with the
 groups.
 """
@@ -48,6 +50,9 @@ from provrl.env.tasks import Task
 from provrl.provenance import Trajectory
 from provrl.rollout.collector import Group, group_key
 from provrl.run_config.pipeline import CurriculumConfig
+
+STARTED, REPROBE = "started", "reprobe"
+"""The keys of :meth:`Curriculum.stamp` in an RL sample's metadata."""
 
 Pool = Literal["kept", "unsolved", "solved"]
 POOLS: tuple[Pool, ...] = ("kept", "unsolved", "solved")
@@ -145,6 +150,8 @@ class Curriculum:
     """Group keys whose evidence is in (each counts once: :attr:`Evidence.group`)."""
     reprobes: set[str] = field(default_factory=set)
     """Group keys :meth:`next_task` started as re-probes (their evidence is ``reprobe``)."""
+    version: int = 0
+    """The policy version of the last :meth:`advance` (the posteriors' ``u``)."""
 
     def __post_init__(self) -> None:
         if not self.tasks:
@@ -187,13 +194,22 @@ class Curriculum:
             kind = "reprobe" if source == "rl" and g.key in self.reprobes else source
             self.record(Evidence(g.task.task_id, g.min_version(), g.successes, len(g.trajectories), kind, g.key))  # fmt: skip
 
+    def stamp(self, task_id: str, round_: int) -> dict[str, object]:
+        """What the samples of the group :meth:`next_task` just started carry in their
+        metadata for :meth:`replay`: its start count and whether it is a re-probe."""
+        return {STARTED: self.last_start[task_id], REPROBE: group_key(task_id, round_) in self.reprobes}  # fmt: skip
+
     def replay(
         self, probe: Iterable[Group], logged: Iterable[Trajectory], k: int, version: int
     ) -> None:
         """A resumed stage's state, rebuilt: the probe's groups (round 0), then the RL
         groups of the trajectory log (``task#rN``) — each task's visits past its highest
-        round, every group counted as started, the complete ones' evidence in log order —
-        and :meth:`advance` to the resumed ``version`` (``enabled``)."""
+        round, its last start and the re-probes from their :meth:`stamp`, the groups
+        started up to the newest stamp (unstamped: one per group), the complete ones'
+        evidence in log order — and :meth:`advance` to the resumed ``version``
+        (``enabled``). So the next task a resumed run starts is the one the run never
+        killed started next (a group started but killed before any sample was logged is
+        started again: it has no stamp)."""
         for g in probe:
             self.observe(g, "probe")
         for tid in self._by_id:
@@ -206,7 +222,12 @@ class Curriculum:
             groups[key].append(t)
             r = int(t.meta.get("round", 0))
             self.visits[t.task_id] = max(self.visits[t.task_id], r + 1)
-        self.started = len(groups)
+            n = int(t.meta.get(STARTED, 0))  # the live run's start count (0: not stamped)
+            if n:
+                self.last_start[t.task_id] = max(self.last_start.get(t.task_id, 0), n)
+            if t.meta.get(REPROBE):
+                self.reprobes.add(key)
+        self.started = max([len(groups), *self.last_start.values()])
         for key, ts in groups.items():
             if len(ts) == k:
                 self.observe(Group(self._by_id[ts[0].task_id], int(key.rsplit("#r", 1)[1]), ts))
@@ -269,7 +290,9 @@ class Curriculum:
         return {p: len(self._pool_members(p)) for p in POOLS}
 
     def summary(self) -> dict[str, object]:
-        """Pool sizes, transitions (``before→after`` counts and the list) and visits."""
+        """Pool sizes, transitions (``before→after`` counts and the list), groups started,
+        and every task's state at :attr:`version`: pool, posterior (α, β), groups started
+        (``visits``) and groups counted."""
         moves: dict[str, int] = {}
         for m in self.transitions:
             key = f"{m.before}->{m.after}"
@@ -279,4 +302,14 @@ class Curriculum:
             "transitions": moves,
             "transition_log": [m.__dict__ for m in self.transitions],
             "groups_started": self.started,
+            "version": self.version,
+            "tasks": {
+                tid: {
+                    "pool": self.pools[tid],
+                    "posterior": list(posterior(ev, self.version, self.cfg)),
+                    "visits": self.visits[tid],
+                    "groups": len(ev),
+                }
+                for tid, ev in self.evidence.items()
+            },
         }

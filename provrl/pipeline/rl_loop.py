@@ -52,7 +52,7 @@ from provrl.env.tasks import Task
 from provrl.failpoints import failpoint
 from provrl.pipeline.admission import Admission, check_on_policy, group_lag
 from provrl.pipeline.build import RLParts, build_rl_parts, rl_seeds
-from provrl.pipeline.curriculum import Curriculum, has_signal
+from provrl.pipeline.curriculum import Curriculum
 from provrl.pipeline.probe import probe_groups
 from provrl.pipeline.rl_stats import SignalCount, batch_stats, stage_summary, step_record
 from provrl.pipeline.rundir import RunDir
@@ -95,8 +95,8 @@ class RLLoop:
         self.t_start = self.t_session - self.state.wall_s  # the stage: accumulates across resumes
         self.admit = Admission(self.loop.groups_per_step, self.loop.max_lag, paced=self.loop.admission == "paced")  # fmt: skip
         """The groups started and not yet trained or dropped; the ready queue."""
-        self.signal = SignalCount()
-        """Finished groups this session, and how many (and their tokens) had no signal."""
+        self.signal = SignalCount.restored(self.state.signal)
+        """Finished groups of the run, and how many (and their tokens) had no signal."""
         self.collector_summary: dict[str, Any] = {}
         self._stack = contextlib.ExitStack()
         self.col: Collector | None = None
@@ -131,6 +131,8 @@ class RLLoop:
             self.col.submit(self.by_id[task_id], self.loop.k, round=r, done=done)
             self.admit.started(None)
         self.admit.queue(self.log.redo)  # a lost step redone first, with the batch it trained
+        for g in self.log.redo:  # counted as the lost step counted them (unless an earlier did)
+            self.signal.add_group(g)
         if self.cfg.pipeline.curriculum.train_on_probe and self.loop.mode == "async":
             self.admit.queue(self.curriculum.trainable(self.probe_groups.values(), self.log.done()))  # fmt: skip
         return self
@@ -154,7 +156,7 @@ class RLLoop:
     def submit_next(self) -> None:
         """Start the group the curriculum picks (a kept task, or a re-probe)."""
         task, r, _ = self.curriculum.next_task()
-        self.collector.submit(task, self.loop.k, round=r)
+        self.collector.submit(task, self.loop.k, round=r, meta=self.curriculum.stamp(task.task_id, r))  # fmt: skip
         self.admit.started(group_key(task.task_id, r))
 
     def take(self, finished: Sequence[Group]) -> None:
@@ -163,8 +165,7 @@ class RLLoop:
         skip_zero = self.cfg.pipeline.curriculum.skip_zero_signal
         for g in finished:
             self.curriculum.observe(g)
-            signal = has_signal(g.rewards)
-            self.signal.add(sum(len(t) for t in g.trajectories), signal)
+            signal = self.signal.add_group(g)
             keep = signal or not skip_zero
             self.admit.finished(g, signal, keep=keep)
             if not keep:
@@ -201,7 +202,7 @@ class RLLoop:
         stats.update(self.signal.since_last_step())
         stats.update(self.admit.pacer.estimates())  # paced admission: what the next starts use
         stats["nonfinite_skipped"] = self.guard.since_last_step()
-        self.state.nonfinite_steps = self.guard.total
+        self.state.nonfinite_steps, self.state.signal = self.guard.total, self.signal.durable()
         wall = time.perf_counter() - self.t_start
         record = step_record(self.state.steps, result.version, stats, dict(result.metrics), wall_s=wall, rss_mb=rss_mb())  # fmt: skip
         self.log.commit(result.version, record, self.learner, self.metrics, t_start=self.t_start, keep=self.loop.save_total_limit)  # fmt: skip

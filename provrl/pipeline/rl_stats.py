@@ -14,12 +14,13 @@ from __future__ import annotations
 
 from collections import Counter
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
 
 from provrl.config import ConfigError
+from provrl.pipeline.curriculum import has_signal
 from provrl.rollout.collector import Group
 
 BATCH_SCALARS = (
@@ -98,10 +99,18 @@ def batch_stats(groups: Sequence[Group], trainer_version: int) -> dict[str, Any]
     }
 
 
+COUNTS = ("groups", "zero_signal_groups", "tokens", "zero_signal_tokens", "streak")
+"""The integer fields of :class:`SignalCount` a checkpoint keeps."""
+
+
 @dataclass
 class SignalCount:
-    """The groups finished this session (and their tokens), and how many of them had no
-    signal — all rewards equal: skipped, never trained."""
+    """The groups the run finished (and their tokens), and how many of them had no signal —
+    all rewards equal: skipped, never trained. Across resumes: a checkpoint keeps the count
+    as its step left it (:meth:`durable`), a resumed run starts from it (:meth:`restored`),
+    and a group finished before the kill that the collector hands back is counted again
+    only if that step had not counted it (:attr:`counted`) — so the step records and the
+    summary are those of the run never killed."""
 
     groups: int = 0
     zero_signal_groups: int = 0
@@ -111,9 +120,34 @@ class SignalCount:
     """Finished groups in a row without signal."""
     mark: tuple[int, int] = (0, 0)
     """(groups, zero-signal groups) when the last step was recorded."""
+    counted: set[str] = field(default_factory=set)
+    """The keys of the groups counted (``task#rN``): each counts once."""
 
-    def add(self, tokens: int, signal: bool) -> None:
-        """One finished group of ``tokens`` tokens, with or without signal."""
+    def durable(self) -> dict[str, Any]:
+        """The count as a checkpoint's ``state.json`` keeps it (after the step's record)."""
+        return {**{k: getattr(self, k) for k in COUNTS}, "counted": sorted(self.counted)}
+
+    @classmethod
+    def restored(cls, saved: dict[str, Any]) -> SignalCount:
+        """The count a checkpoint kept (:meth:`durable`; {}: none), the last step's mark at
+        it."""
+        n = {k: int(saved.get(k, 0)) for k in COUNTS}
+        g, z = n["groups"], n["zero_signal_groups"]
+        return cls(**n, mark=(g, z), counted=set(saved.get("counted", ())))
+
+    def add_group(self, group: Group) -> bool:
+        """One finished ``group`` (counted once, by its key); whether it has signal."""
+        signal = has_signal(group.rewards)
+        self.add(sum(len(t) for t in group.trajectories), signal, group.key)
+        return signal
+
+    def add(self, tokens: int, signal: bool, key: str = "") -> None:
+        """One finished group (``key``; a key already counted is ignored) of ``tokens``
+        tokens, with or without signal."""
+        if key:
+            if key in self.counted:
+                return
+            self.counted.add(key)
         self.groups += 1
         self.tokens += tokens
         self.streak = 0 if signal else self.streak + 1
@@ -175,8 +209,9 @@ def stage_summary(
     """The RL stage's summary (``RUN/rl/done.json``): ``progress`` (mode, steps, version,
     checkpoint, what was trained, dropped and resumed) and how the time went. ``wall_s`` and
     ``trainer_busy_s`` run across resumes; ``session_s`` and ``engine`` (the engine's
-    counters) cover this process only — a resumed run starts a new engine; ``fleet``: the
-    Ray replicas' versions, if any."""
+    counters) and ``collector`` cover this process only — a resumed run starts a new engine;
+    ``episodes`` (the trajectory log's at the resume plus this session's) and ``signal``
+    cover the whole run; ``fleet``: the Ray replicas' versions, if any."""
     summary = {
         **progress,
         "wall_s": wall_s,
@@ -197,6 +232,8 @@ def stage_summary(
             if k in engine
         },
         "collector": collector,
+        "episodes": int(progress.get("resumed", {}).get("trajectories_in_log", 0))
+        + int(collector.get("episodes", 0)),
         "curriculum": curriculum,
         "zero_signal": signal.summary(skipped),
         "nonfinite_steps": nonfinite_steps,

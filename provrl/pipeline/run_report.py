@@ -194,8 +194,9 @@ def write_report(run_dir: str | Path) -> Path:
             f"trajectories trained, {rl.get('groups_dropped_stale', 0)} stale groups dropped",
             f"- wall {rl['wall_s']:.0f} s; trainer busy {rl['trainer_busy_s']:.0f} s "
             f"(idle {rl['trainer_idle_frac']:.0%}); engine busy {rl['engine_busy_frac']:.0%}",
-            f"- rollouts: {c.get('episodes', 0)} episodes, {c.get('tokens_per_s', 0):.0f} "
-            f"generated tokens/s, mean batch occupancy {c.get('mean_batch_occupancy', 0):.1f}",
+            f"- rollouts: {rl.get('episodes', c.get('episodes', 0))} episodes; "
+            f"{c.get('tokens_per_s', 0):.0f} generated tokens/s, mean batch occupancy "
+            f"{c.get('mean_batch_occupancy', 0):.1f} (the last session)",
             f"- tool errors: {c.get('tool_errors', 0)} of {c.get('tool_calls_run', 0)} search/open "
             f"calls ({c.get('tool_error_rate', 0.0):.1%}) ended in an error observation",
             "",

@@ -334,6 +334,9 @@ class RLState:
     """Refused (non-finite) step attempts so far (:class:`~provrl.train.learner.NonFiniteGuard`)."""
     wall_s: float = 0.0
     trainer_busy_s: float = 0.0
+    signal: dict[str, Any] = field(default_factory=dict)
+    """The finished groups' signal count as the last step left it
+    (:meth:`~provrl.pipeline.rl_stats.SignalCount.durable`)."""
 
     def done(self) -> set[str]:
         """Trajectories settled for good: trained, dropped, skipped or refused."""

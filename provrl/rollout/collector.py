@@ -90,6 +90,7 @@ class _Pending:
     slots: list[Trajectory | None]
     to_start: deque[int]
     started_at_version: int = -1
+    meta: dict[str, Any] = field(default_factory=dict)
 
 
 @dataclass
@@ -174,17 +175,24 @@ class Collector:
 
     # ------------------------------------------------------------------ push / pull
     def submit(
-        self, task: Task, k: int, *, round: int = 0, done: Iterable[Trajectory] = ()
+        self,
+        task: Task,
+        k: int,
+        *,
+        round: int = 0,
+        done: Iterable[Trajectory] = (),
+        meta: dict[str, Any] | None = None,
     ) -> None:
         """Queue group (task, round) of ``k`` samples; samples present in ``done`` (by
-        ``traj_id``) are reused instead of rerun."""
+        ``traj_id``) are reused instead of rerun; ``meta`` goes into each new sample's
+        metadata (the RL curriculum's start stamp)."""
         have = {t.traj_id: t for t in done}
         slots: list[Trajectory | None] = [
             have.get(traj_id(task.task_id, round, s)) for s in range(k)
         ]
         self.stats.episodes_reused += sum(x is not None for x in slots)
         todo = deque(s for s in range(k) if slots[s] is None)
-        p = _Pending(task, round, k, slots, todo)
+        p = _Pending(task, round, k, slots, todo, meta=dict(meta or {}))
         if not todo:
             self._complete(p)
         else:
@@ -284,7 +292,12 @@ class Collector:
                 p.task,
                 traj_id=tid,
                 seed=derive_seed(self.seed, p.task.task_id, p.round, s),
-                meta={"group": group_key(p.task.task_id, p.round), "round": p.round, "sample": s},
+                meta={
+                    "group": group_key(p.task.task_id, p.round),
+                    "round": p.round,
+                    "sample": s,
+                    **p.meta,
+                },
             )
             self._running[fut] = (p, s)
 

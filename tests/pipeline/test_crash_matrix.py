@@ -13,6 +13,29 @@ so the matrix passes on a loaded machine.
   kill: each window's recovery — and each torn log's — runs to a finished run on its own.
   The forks resume in a second process beside the chain (every process pays the same
   start-up, so sharing the chain's kills is what keeps this in ``make test``'s budget).
+  **Exact resume** (issue 38): the finished chain and every finished fork equal a
+  reference — the same base run to the end with no kill, one more process in the forks'
+  lane — in their step records, what each step trained, their curriculum (pools,
+  transitions, every task's posterior and groups) and the whole run's counts
+  (:func:`runcompare.differences` says what is compared and why the clock's fields, the
+  order within a batch and the last ulps of the importance statistics are not).
+
+  Why the reference is reproducible: every sample's seed is a function of its id (task,
+  round, sample), the curriculum picks tasks in a seeded order, and in this configuration
+  (async, ``max_lag`` 1, G = 2, ``concurrency`` 8) admission lets a group start only
+  after the step before it was hot-loaded (:meth:`Admission.settled` frees its slots in
+  ``finish_step``, whose hot-load precedes the next start), and its ≤ 4 × 24 tokens are
+  sampled before the next step has trained and saved its checkpoint — so each sample
+  carries one version, the one its group started under. Two uninterrupted runs write the
+  same trajectories, token for token, and the same step records but for the clock's
+  fields and float noise. What is left to timing is the order in which one batch's groups
+  complete (compared as sets) and the race a rollout would have to lose against a whole
+  step (train, checkpoint, hot-load) to change a version stamp or miss the last step;
+  should a loaded machine ever make a rollout that slow, the failure names the field
+  (``lag_histogram``, ``finished_groups``). The quick preset's tiny model scores every sample
+  the same (−0.5, malformed), so its GRPO advantages — and updates — are 0: the
+  comparison checks the bookkeeping of a resume, not that of a learning run's weights
+  (the damaged-checkpoint test of ``test_rl_loop.py`` checks a redone step's weights).
 * ``test_kill_at_one_window_then_resume`` and ``test_torn_tail_of_each_log_then_resume``
   (slow, ``make test-all``): each window and each torn log from a fresh copy of the base
   run, killed in the second step — the same recoveries without the chain's history before
@@ -22,10 +45,12 @@ so the matrix passes on a loaded machine.
 from __future__ import annotations
 
 from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
 
 import pytest
 from crashrun import RUN, STEPS, copy_of, finish, killed, tear
 from runcheck import check_run
+from runcompare import differences
 
 WINDOWS = [
     "rl.trained",  # the update exists only in memory
@@ -54,12 +79,20 @@ def finished_fork(fork, log: str | None) -> dict:
     return out
 
 
+def never_killed(base: Path, to: Path) -> Path:
+    """The reference: ``base`` run to the end with no kill."""
+    d = copy_of(base, to)
+    finish(d)
+    return d
+
+
 @pytest.mark.ci
 def test_kill_at_every_window_then_finish_each(crash_base, tmp_path):
     d = copy_of(crash_base, tmp_path / "chain")
     rl = d / RUN / "rl"
     seen, forks = [], {}
     pool = ThreadPoolExecutor(max_workers=1)
+    ref = pool.submit(never_killed, crash_base, tmp_path / "reference")
     try:
         for window in WINDOWS:
             killed(d, f"{window}:1")
@@ -73,8 +106,15 @@ def test_kill_at_every_window_then_finish_each(crash_base, tmp_path):
         assert list(rl.glob("trajectories.jsonl.torn-*")) and list(rl.glob("steps.jsonl.torn-*"))
         out = finish(d)
         assert out["steps"] == list(range(1, STEPS + 1))
+        reference = ref.result() / RUN
+        diffs = {"the chain": differences(d / RUN, reference)}
         for window, done in forks.items():
             assert done.result()["steps"] == list(range(1, STEPS + 1)), window
+            diffs[window] = differences(tmp_path / f"fork-{window}" / RUN, reference)
+        diffs = {k: v for k, v in diffs.items() if v}
+        assert not diffs, "resumed runs differ from the run never killed:\n" + "\n".join(
+            f"{k}: {line}" for k, v in diffs.items() for line in v
+        )
     finally:  # a failure stops here: the forks not yet started are not run
         pool.shutdown(wait=True, cancel_futures=True)
 

@@ -129,3 +129,46 @@ def test_a_group_reported_twice_counts_once():
     assert (dict(cur.pools), list(cur.evidence[tasks[0].task_id])) == before
     cur.record(Evidence(tasks[0].task_id, 0, 0, 8))  # no key: always counted
     assert len(cur.evidence[tasks[0].task_id]) == 2
+
+
+def _samples(task: Task, r: int, K: int, k: int, stamp: dict | None = None) -> list:
+    """A group's ``k`` samples (``K`` solved) as the collector logs them: the group's key,
+    round and sample in their metadata, plus the curriculum's ``stamp``."""
+    from provrl.provenance import TrajectoryBuilder
+    from provrl.rollout.collector import group_key
+
+    out = []
+    for s in range(k):
+        b = TrajectoryBuilder(f"{task.task_id}-r{r}-s{s}", task.task_id)
+        b.add_prompt([1, 2])
+        b.add_actions([3], logprob=[-0.1], kept_mass=[1.0], version=0, kv_min=0, kv_max=0, replica=0)  # fmt: skip
+        meta = {"group": group_key(task.task_id, r), "round": r, "sample": s, **(stamp or {})}
+        em = float(s < K)
+        out.append(b.build(metrics={"exact_match": em}, reward=em, meta=meta))
+    return out
+
+
+def test_a_resumed_curriculum_starts_what_the_uninterrupted_one_starts():
+    """Issue 38: replaying the log gives the resumed run the live run's starts — each task's
+    last start (which re-probe is oldest), the re-probes, the start count — so it starts
+    the same tasks next. Without the stamps every task's last start was forgotten and the
+    resumed run re-probed the same task again and again."""
+    from provrl.rollout.collector import Group
+
+    tasks, k = _tasks(5), 8
+    cfg = CFG.model_copy(update={"reprobe_every": 2})
+    outcome = {"t0": 0, "t1": 0, "t2": 0, "t3": 4, "t4": 4}  # three unsolved, two kept
+    probe = [Group(t, 0, _samples(t, 0, outcome[t.task_id], k)) for t in tasks]
+    live = Curriculum(tasks, cfg, seed=3)
+    live.replay(probe, [], k, 0)
+    logged: list = []
+    for _ in range(7):
+        task, r, _ = live.next_task()
+        group = _samples(task, r, outcome[task.task_id], k, live.stamp(task.task_id, r))
+        logged += group
+        live.observe(Group(task, r, group))
+    resumed = Curriculum(tasks, cfg, seed=3)
+    resumed.replay(probe, logged, k, 0)
+    assert resumed.started == live.started and resumed.reprobes == live.reprobes
+    assert resumed.last_start == live.last_start and resumed.visits == live.visits
+    assert [resumed.next_task() for _ in range(8)] == [live.next_task() for _ in range(8)]

@@ -108,6 +108,33 @@ def test_a_group_without_signal_is_skipped_never_trained_and_counted(tmp_path, s
         loop.finish()
 
 
+def test_the_signal_count_runs_across_a_resume_and_counts_a_handed_back_group_once():
+    """Issue 38: a checkpoint keeps the finished groups' count as its step left it; the
+    resumed run starts from it, and of the groups finished before the kill that the
+    collector hands back only those the committed steps had not counted count again — the
+    step records and the summary are the run's never killed (they had counted each
+    handed-back group twice, and the summary only the last session's groups)."""
+    import json
+
+    from provrl.pipeline.rl_stats import SignalCount
+
+    live = SignalCount()
+    live.add(10, False, "a#r1")
+    live.add(20, True, "b#r1")
+    assert live.since_last_step()["finished_groups"] == 2  # step 1's record
+    saved = json.loads(json.dumps(live.durable()))  # step 1's checkpoint (state.json)
+    live.add(30, False, "c#r1")  # finished after the commit; then the kill
+    resumed = SignalCount.restored(saved)
+    # handed back: a (step 1 counted it) and c (no committed step did); d is new
+    for tokens, signal, key in [(10, False, "a#r1"), (30, False, "c#r1"), (5, True, "d#r1")]:
+        resumed.add(tokens, signal, key)
+    live.add(5, True, "d#r1")
+    step2 = {"finished_groups": 2, "zero_signal_groups": 1, "zero_signal_share": 0.5}
+    assert resumed.since_last_step() == live.since_last_step() == step2
+    assert resumed.summary(0) == live.summary(0) and resumed.summary(0)["groups"] == 4
+    assert SignalCount.restored({}) == SignalCount()  # a checkpoint written before the count
+
+
 def test_distinct_share_counts_identical_samples_of_a_group_once():
     import numpy as np
 
@@ -185,7 +212,7 @@ def test_a_damaged_newest_checkpoint_falls_back_and_redoes_the_lost_step_exactly
 
     base = tmp_path / "base"
     loop = _loop(base, small_world, "sync")
-    loop.run()
+    first = loop.run()
     rl = base / "rl"
     assert sorted(p.name for p in rl.glob("ckpt-v*")) == ["ckpt-v1", "ckpt-v2"]  # two kept
     original = read_steps(base)
@@ -203,6 +230,10 @@ def test_a_damaged_newest_checkpoint_falls_back_and_redoes_the_lost_step_exactly
         steps = read_steps(d)
         assert [s["step"] for s in steps] == [1, 2] and summary["final_version"] == 2
         assert [s["trained"] for s in steps] == [s["trained"] for s in original]
+        # the redone step counts the groups it trained, as the lost one did (issue 38)
+        counts = [(s["finished_groups"], s["zero_signal_groups"]) for s in steps]
+        assert counts == [(s["finished_groups"], s["zero_signal_groups"]) for s in original]
+        assert summary["zero_signal"] == first["zero_signal"]
         assert _manifest(d / "rl" / "ckpt-v2")["model.safetensors"] == weights  # exact redo
         damaged = list((d / "rl").glob("damaged-ckpt-v2-*"))
         if name == "steps.jsonl":  # repaired from the other durable copy, no fallback
