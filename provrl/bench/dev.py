@@ -28,7 +28,14 @@ from typing import Any
 
 import numpy as np
 
-from provrl.bench.learning import SHARED_STAGES, _eval_summary, _link_shared, _run, compare
+from provrl.bench.learning import (
+    SHARED_STAGES,
+    _eval_summary,
+    _link_shared,
+    _run,
+    _tiers,
+    compare,
+)
 from provrl.trajlog import read_all
 
 STEP_KEYS = (
@@ -136,10 +143,12 @@ def run_dev(
     shared: str | Path | None = None,
     eval_n: int = 0,
     eval_k: int = 2,
+    eval_versions: Sequence[int] = (),
 ) -> dict[str, Any]:
     """Run (or resume) ``RUNS/NAME``: the preset with ``overrides`` on the dev split, then
     :func:`summarize_run`. ``shared``: a finished run whose world, warm start, probe and
-    filter are reused (linked) — only RL and eval run again."""
+    filter are reused (linked) — only RL and eval run again. ``eval_versions``: RL versions
+    whose checkpoints the run keeps and evaluates on the same dev tasks (``eval_at``)."""
     d = Path(runs).resolve() / name
     d.mkdir(parents=True, exist_ok=True)
     if shared is not None:
@@ -152,9 +161,19 @@ def run_dev(
         "pipeline.eval.policies=[warmstart,rl]",
         f"pipeline.tasks.eval={eval_n}",
         f"pipeline.eval.k={eval_k}",
+        f"pipeline.loop.keep_versions={json.dumps(sorted(eval_versions))}",
     ):
         args += ["--set", o]
     usage = _run(args, d.parent / f"{name}.log")
+    eval_at = {}
+    for v in eval_versions:
+        ev = d / "eval" / f"rl-v{v}"
+        if not (ev / "eval.json").is_file():
+            cmd = ["eval", "--config", str(d / "config.yaml"), "--split", "dev", "--n", str(eval_n)]
+            cmd += ["--k", str(eval_k), "--concurrency", "32", "--run-dir", str(ev), "--json"]
+            cmd += ["--set", f"env.eval.tiers={json.dumps(_tiers(d))}"]  # the preset's tiers
+            _run([*cmd, "--policy", str(d / "rl" / f"ckpt-v{v}")], d.parent / f"{name}.log")
+        eval_at[str(v)] = version_eval(d, ev)
     return {
         "benchmark": "dev",
         "name": name,
@@ -164,4 +183,16 @@ def run_dev(
         "shared_stages": list(SHARED_STAGES) if shared is not None else [],
         **usage,
         **summarize_run(d),
+        **({"eval_at": eval_at} if eval_at else {}),
+    }
+
+
+def version_eval(run_dir: Path, eval_dir: Path) -> dict[str, Any]:
+    """An intermediate RL version's dev eval against the run's warm-start eval (paired by
+    task, as ``eval``)."""
+    warm, rl = _eval_summary(run_dir / "eval" / "warmstart"), _eval_summary(eval_dir)
+    return {
+        **compare(warm, rl),
+        "rl_accuracy": rl["accuracy"],
+        "rl_tool_calls_solved": rl["tool_calls_solved"],
     }

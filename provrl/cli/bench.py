@@ -275,6 +275,7 @@ def bench_dev(cfg: RunConfig, out: OutOpt = None, as_json: JsonOpt = False) -> N
             shared=c.shared or None,
             eval_n=c.eval_n,
             eval_k=c.eval_k,
+            eval_versions=c.eval_versions,
         )
     _emit(res, as_json, out, name="dev", config=c, seeds=[])
 

@@ -93,7 +93,7 @@ class RLLoop:
         self.curriculum.replay(self.probe_groups.values(), logged, self.loop.k, self.state.version)
         self.t_session = time.perf_counter()  # this process: the engine's counters start here
         self.t_start = self.t_session - self.state.wall_s  # the stage: accumulates across resumes
-        self.admit = Admission(self.loop.groups_per_step, self.loop.max_lag, paced=self.loop.admission == "paced")  # fmt: skip
+        self.admit = Admission(self.loop.groups_per_step, self.loop.max_lag, paced=self.loop.admission == "paced", straddle=self.loop.straddle)  # fmt: skip
         """The groups started and not yet trained or dropped; the ready queue."""
         self.signal = SignalCount.restored(self.state.signal)
         """Finished groups of the run, and how many (and their tokens) had no signal."""
@@ -205,7 +205,7 @@ class RLLoop:
         self.state.nonfinite_steps, self.state.signal = self.guard.total, self.signal.durable()
         wall = time.perf_counter() - self.t_start
         record = step_record(self.state.steps, result.version, stats, dict(result.metrics), wall_s=wall, rss_mb=rss_mb())  # fmt: skip
-        self.log.commit(result.version, record, self.learner, self.metrics, t_start=self.t_start, keep=self.loop.save_total_limit)  # fmt: skip
+        self.log.commit(result.version, record, self.learner, self.metrics, t_start=self.t_start, keep=self.loop.save_total_limit, keep_versions=self.loop.keep_versions)  # fmt: skip
         failpoint("rl.saved")  # version u+1 saved and recorded, not yet loaded anywhere
         self.engine.load_weights(result.weights, result.version, mode=mode)
         failpoint("rl.hotloaded")
@@ -251,7 +251,7 @@ class RLLoop:
                     if (batch := self.admit.batch()) is not None:
                         assert all(group_lag(g, self.learner.version) <= lag for g in batch)
                         fut, in_training = background.submit(self.train, batch), batch
-                        self.admit.pacer.training()
+                        self.admit.pacer.training(batch)
         finally:
             background.shutdown(wait=True)
 

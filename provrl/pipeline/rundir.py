@@ -36,6 +36,7 @@ import os
 import shutil
 import time
 import warnings
+from collections.abc import Collection
 from pathlib import Path
 from typing import Any
 
@@ -160,10 +161,11 @@ class RunDir:
         ckpt.rename(to)
         return to
 
-    def prune_checkpoints(self, keep: int = 1) -> None:
-        """Delete all but the newest ``keep`` complete checkpoints, and incomplete ones."""
+    def prune_checkpoints(self, keep: int = 1, also: Collection[int] = ()) -> None:
+        """Delete all but the newest ``keep`` complete checkpoints and those of the versions
+        in ``also``, and incomplete ones."""
         complete = self.checkpoints()
-        keep_dirs = {p for _, p in complete[-keep:]}
+        keep_dirs = {p for _, p in complete[-keep:]} | {p for v, p in complete if v in also}
         rl = self.root / "rl"
         for p in rl.glob("ckpt-v*") if rl.is_dir() else ():
             if p not in keep_dirs and p.is_dir():

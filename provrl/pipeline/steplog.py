@@ -38,7 +38,7 @@ import time
 import warnings
 import zlib
 from collections import defaultdict
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -466,11 +466,12 @@ class StepLog:
         *,
         t_start: float,
         keep: int,
+        keep_versions: Collection[int] = (),
     ) -> None:
         """Step N (version u+1, its ``record``): checkpoint ``ckpt-v{u+1}`` — weights,
         optimizer, RNG, :class:`RLState` (``wall_s`` counted from ``t_start``), the records
         of steps 1…N, checksums, ``COMPLETE`` last — then the older checkpoints beyond
-        ``keep`` pruned, the record appended to ``steps.jsonl`` and its row to ``metrics``."""
+        ``keep`` (but ``keep_versions``) pruned, the record appended to ``steps.jsonl`` and its row to ``metrics``."""
         final = self.rl_dir / f"ckpt-v{version}"
         # disk full: one line naming the checkpoint, and the incomplete directory removed
         with writing(final), removed_unless_complete(final):
@@ -485,7 +486,7 @@ class StepLog:
             write_atomic(final / COMPLETE, b"")
         self.lines.append(step_line(record))
         failpoint("rl.ckpt.complete")  # committed; the step's record is in the checkpoint only
-        self.run.prune_checkpoints(keep=keep)
+        self.run.prune_checkpoints(keep=keep, also=keep_versions)
         failpoint("rl.ckpt.pruned")
         with AppendLog(self.rl_dir / STEPS) as log:
             log.append(self.lines[-1])

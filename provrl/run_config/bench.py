@@ -229,6 +229,12 @@ class DevBenchConfig(Section):
         0, ge=0, description="Dev tasks evaluated (0: every dev task of the tiers)."
     )
     eval_k: int = Field(2, ge=1, description="Samples per dev task.")
+    eval_versions: tuple[int, ...] = Field(
+        (),
+        description="RL versions (steps) also evaluated on dev, from checkpoints the run keeps "
+        "(pipeline.loop.keep_versions): the record's eval_at[v], to choose "
+        "pipeline.loop.steps on dev.",
+    )
     from_run: str = Field(
         "",
         description="Summarise this finished run directory (evaluated on dev: warmstart and rl) "

@@ -72,6 +72,12 @@ class RLLoopConfig(Section):
         "redoes the lost step exactly from the trajectory log; with 1 it can only stop.",
         **peer_names("save_total_limit", trl="save_total_limit"),
     )
+    keep_versions: list[int] = Field(
+        default_factory=list,
+        description="RL checkpoints (versions) kept besides the newest save_total_limit, e.g. "
+        "to evaluate intermediate steps on dev and choose pipeline.loop.steps there "
+        "(provrl bench dev --eval-versions; provrl eval --policy RUN/rl/ckpt-vN --split dev).",
+    )
 
     @model_validator(mode="before")
     @classmethod
@@ -117,6 +123,16 @@ class RLLoopConfig(Section):
         "and group times, provrl.pipeline.admission.paced_start) — when the learner is the "
         "slower side, fresher groups (lag ≤ 1) whose episodes span the hot-load; when "
         "generation is, the same as eager.",
+    )
+    straddle: float = Field(
+        0.0,
+        ge=0.0,
+        lt=1.0,
+        description="async, paced: the share s of a group's time still ahead of it at the "
+        "hot-load. A group starts once the step in progress has s · group_s less left than "
+        "the group takes (provrl.pipeline.admission.paced_start), so its episodes are in "
+        "flight across the swap and sample under two versions; the learner waits about "
+        "s · group_s for each batch. 0: timed to finish at the hot-load.",
     )
     hotload: Literal["keep", "recompute"] = Field(
         "keep",

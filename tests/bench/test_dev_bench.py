@@ -91,3 +91,33 @@ def test_summarize_run_pairs_the_two_policies_on_the_same_tasks(tmp_path):
     assert s["eval"]["tool_calls_solved_cut_frac"] == pytest.approx(1 - 2.5 / 4)
     assert s["rl"]["mixed_version_frac"] == 1.0
     assert s["teacher"]["1"]["calls_over_min"] == 2.0
+
+
+def test_version_eval_pairs_an_intermediate_checkpoint_with_the_warm_start(tmp_path):
+    from provrl.bench.dev import version_eval
+
+    _write(tmp_path / "eval" / "warmstart" / "trajectories.jsonl", [
+        _traj("w-a", "d1", tier=1, exact_match=0, num_tool_calls=4),
+        _traj("w-b", "d2", tier=2, exact_match=1, num_tool_calls=6),
+    ])  # fmt: skip
+    _write(tmp_path / "eval" / "rl-v10" / "trajectories.jsonl", [
+        _traj("r-a", "d1", tier=1, exact_match=1, num_tool_calls=1),
+        _traj("r-b", "d2", tier=2, exact_match=1, num_tool_calls=3),
+    ])  # fmt: skip
+    s = version_eval(tmp_path, tmp_path / "eval" / "rl-v10")
+    assert s["accuracy_gain_points"] == pytest.approx(50.0)
+    assert s["rl_tool_calls_solved"] == 2.0
+    assert s["tool_calls_solved_cut_frac"] == pytest.approx(1 - 2.0 / 6.0)
+
+
+def test_keep_versions_survive_pruning(tmp_path):
+    from provrl.pipeline.rundir import COMPLETE, RunDir
+
+    run = RunDir(tmp_path)
+    for v in range(1, 7):
+        (tmp_path / "rl" / f"ckpt-v{v}").mkdir(parents=True)
+        (tmp_path / "rl" / f"ckpt-v{v}" / COMPLETE).write_text("")
+    run.prune_checkpoints(keep=2, also=[3])
+    assert [v for v, _ in run.checkpoints()] == [3, 5, 6]
+    run.prune_checkpoints(keep=2)
+    assert [v for v, _ in run.checkpoints()] == [5, 6]

@@ -18,6 +18,14 @@ def test_paced_start_waits_until_one_group_time_before_the_step_ends():
     assert paced_start(elapsed_s=None, **kw)  # learner idle: the trainer waits, start now
 
 
+def test_straddle_starts_a_group_so_that_share_s_of_it_runs_after_the_hot_load():
+    kw: dict[str, Any] = {"pending": 0, "need": 4, "step_s": 30.0, "group_s": 10.0}
+    assert paced_start(elapsed_s=20.0, straddle=0.0, **kw)  # finishes at the hot-load
+    assert not paced_start(elapsed_s=24.9, straddle=0.5, **kw)  # would finish before it
+    assert paced_start(elapsed_s=25.0, straddle=0.5, **kw)  # 5 s of its 10 s after the swap
+    assert paced_start(elapsed_s=None, straddle=0.5, **kw)  # learner idle: start now
+
+
 def test_paced_start_is_eager_when_generation_is_slower_or_unmeasured():
     assert paced_start(pending=0, need=4, elapsed_s=0.0, step_s=10.0, group_s=25.0)
     assert paced_start(pending=0, need=4, elapsed_s=0.0, step_s=None, group_s=10.0)
@@ -56,6 +64,32 @@ def test_the_step_time_estimate_follows_a_change_of_regime():
     assert RecentMedian().value is None
     m = RecentMedian(n=3)
     assert [m.update(x) for x in (5.0, 1.0, 3.0, 100.0)] == [5.0, 3.0, 3.0, 3.0]
+
+
+def test_the_step_time_follows_the_batch_tokens():
+    """Dev run H (seed 1), steps 2-8: forward tokens and train seconds. The step at hand is
+    predicted from its own tokens times the recent seconds per token; the median of the last
+    three step times trailed the shortening steps by 40-90 %, which started groups after
+    the hot-load and left the learner waiting for a whole group."""
+    from types import SimpleNamespace
+
+    from provrl.pipeline.admission import Pacer
+
+    steps = [(13964, 121.0), (16458, 131.0), (15376, 123.0), (12874, 92.0), (9291, 67.0),
+             (7039, 51.0), (4614, 35.0)]  # fmt: skip
+    pacer, med = Pacer(4, 2, paced=True), RecentMedian()
+    assert pacer.expected_step_s() is None  # nothing measured: eager
+    for i, (n, t) in enumerate(steps):
+        batch = [SimpleNamespace(trajectories=[range(n)])]
+        pacer.training(batch)  # type: ignore[arg-type]
+        if i >= 3:
+            predicted, trailing = pacer.expected_step_s(), med.value
+            assert predicted is not None and trailing is not None
+            assert abs(predicted - t) / t < 0.15
+            assert abs(trailing - t) / t > 0.3
+        pacer.s_per_token.update(t / n)  # what trained() measures (wall time / tokens)
+        pacer.tokens = 0
+        med.update(t)
 
 
 def test_admission_bounds_outstanding_groups_and_drops_the_stale_ones():
