@@ -130,8 +130,22 @@ def summarize_run(run_dir: str | Path) -> dict[str, Any]:
     }
     filt = d / "filter" / "done.json"
     if filt.is_file():
-        out["filter"] = json.loads(filt.read_text())
+        out["filter"] = json.loads(filt.read_text()) | {"per_tier": pool_tiers(d / "filter")}
     return out
+
+
+def pool_tiers(filter_dir: Path) -> dict[str, dict[str, int]]:
+    """The filter's pools counted per tier: ``{tier: {kept, solved, unsolved}}`` — how many
+    tasks of each tier RL can start (the curriculum's ``balance_tiers`` evens them out)."""
+    out: dict[str, dict[str, int]] = {}
+    for pool in ("kept", "solved", "unsolved"):
+        f = filter_dir / f"{pool}.jsonl"
+        for line in f.read_text().splitlines() if f.is_file() else ():
+            if line.strip():
+                tier = str(json.loads(line).get("tier", 0))
+                row = out.setdefault(tier, {"kept": 0, "solved": 0, "unsolved": 0})
+                row[pool] += 1
+    return dict(sorted(out.items()))
 
 
 def run_dev(

@@ -306,6 +306,13 @@ class SFTConfig(Section):
         ge=1,
         description="Positions per LM-head chunk: peak logit memory is chunk · vocab floats.",
     )
+    gradient_checkpointing: bool = Field(
+        False,
+        description="Recompute each decoder layer's activations in backward instead of "
+        "holding them (HF gradient_checkpointing_enable, non-reentrant): the same gradients, "
+        "less memory, one more forward per layer.",
+        **peer_names("gradient_checkpointing", trl="gradient_checkpointing"),
+    )
     seed: int = Field(0, description="Seed of the trace subset and of the per-epoch shuffle.")
     progress: bool = Field(True, description="Show a progress bar (with ETA) over steps.")
 

@@ -370,6 +370,9 @@ def train_sft(
     max_norm = cfg.max_grad_norm if cfg.max_grad_norm is not None else math.inf
     was_training = model.training
     model.train()
+    recompute = cfg.gradient_checkpointing and not getattr(model, "is_gradient_checkpointing", True)
+    if recompute:  # each decoder layer's activations recomputed in backward, not held
+        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
     bar = _progress(len(steps), cfg.progress)
     losses: list[float] = []
     skipped = tokens_seen = actions_seen = 0
@@ -421,6 +424,8 @@ def train_sft(
     finally:
         bar.close()
         model.train(was_training)
+        if recompute:
+            model.gradient_checkpointing_disable()
     wall = time.perf_counter() - t_start
     finite = [x for x in losses if math.isfinite(x)]
     return SFTResult(

@@ -121,3 +121,16 @@ def test_keep_versions_survive_pruning(tmp_path):
     assert [v for v, _ in run.checkpoints()] == [3, 5, 6]
     run.prune_checkpoints(keep=2)
     assert [v for v, _ in run.checkpoints()] == [5, 6]
+
+
+def test_the_filter_pools_are_counted_per_tier(tmp_path):
+    from provrl.bench.dev import pool_tiers
+
+    rows = {"kept": [1, 1, 2], "solved": [1], "unsolved": [2, 2]}
+    for pool, tiers in rows.items():
+        lines = [json.dumps({"task_id": f"{pool}{i}", "tier": t}) for i, t in enumerate(tiers)]
+        (tmp_path / f"{pool}.jsonl").write_text("\n".join(lines) + "\n")
+    assert pool_tiers(tmp_path) == {
+        "1": {"kept": 2, "solved": 1, "unsolved": 0},
+        "2": {"kept": 1, "solved": 0, "unsolved": 2},
+    }

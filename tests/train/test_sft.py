@@ -325,6 +325,23 @@ def test_loss_goes_down_and_metrics_are_logged(traces, tokenizer, tmp_path):
     assert [r["sft/loss"] for r in rows] == pytest.approx(res.losses)
 
 
+def test_gradient_checkpointing_trains_the_same_weights(traces, tokenizer):
+    """sft.gradient_checkpointing recomputes the decoder layers in backward: the same losses
+    and weights, and the model is left as it was (not checkpointing)."""
+    cfg = SFTConfig(lr=1e-2, warmup_steps=1, epochs=2, batch_size=4, progress=False)
+    out = []
+    for gc in (False, True):
+        model = fresh_tiny()
+        res = train_sft(model, traces, cfg.model_copy(update={"gradient_checkpointing": gc}),
+                        pad_token_id=tokenizer.pad_token_id)  # fmt: skip
+        assert not model.is_gradient_checkpointing
+        out.append((res.losses, model.state_dict()))
+    (l0, w0), (l1, w1) = out
+    assert l1 == pytest.approx(l0, rel=1e-6)
+    for k in w0:
+        torch.testing.assert_close(w1[k], w0[k], rtol=1e-5, atol=1e-6)
+
+
 def test_checkpoint_round_trip_gives_identical_logits(traces, tokenizer, tmp_path):
     model = fresh_tiny()
     cfg = SFTConfig(lr=1e-3, epochs=2, batch_size=2, warmup_steps=0, progress=False)
