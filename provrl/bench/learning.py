@@ -24,6 +24,7 @@ import os
 import subprocess
 import sys
 import time
+from collections import Counter
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
@@ -75,11 +76,19 @@ def _eval_summary(eval_dir: Path) -> dict[str, Any]:
             str(k): {
                 "accuracy": float(np.mean([a for t, a in acc.items() if tier_of[t] == k])),
                 "tool_calls_solved": float(np.mean(calls[k])) if k in calls else math.nan,
+                "tool_calls_solved_hist": calls_histogram(calls.get(k, [])),
                 "tasks": sum(tier_of[t] == k for t in acc),
             }
             for k in tiers
         },
     }
+
+
+def calls_histogram(calls: Sequence[float]) -> dict[str, int]:
+    """How many solved episodes used each number of tool calls: ``{"1": n1, "2": n2, …}``
+    (whether a policy answers a one-hop question after one search or always searches twice)."""
+    c = Counter(int(x) for x in calls)
+    return {str(n): c[n] for n in sorted(c)}
 
 
 def compare(warm: dict[str, Any], rl: dict[str, Any]) -> dict[str, Any]:
@@ -98,6 +107,8 @@ def compare(warm: dict[str, Any], rl: dict[str, Any]) -> dict[str, Any]:
             "rl_tool_calls_solved": r.get("tool_calls_solved", math.nan),
             "tool_calls_solved_cut_frac": 1
             - r.get("tool_calls_solved", math.nan) / w["tool_calls_solved"],
+            "warmstart_tool_calls_solved_hist": w.get("tool_calls_solved_hist", {}),
+            "rl_tool_calls_solved_hist": r.get("tool_calls_solved_hist", {}),
             "tasks": w["tasks"],
         }
     return {

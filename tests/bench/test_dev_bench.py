@@ -89,6 +89,8 @@ def test_summarize_run_pairs_the_two_policies_on_the_same_tasks(tmp_path):
     assert s["eval"]["warmstart_tool_calls_solved"] == 4.0
     assert s["eval"]["rl_tool_calls_solved"] == 2.5
     assert s["eval"]["tool_calls_solved_cut_frac"] == pytest.approx(1 - 2.5 / 4)
+    assert s["eval"]["per_tier"]["1"]["warmstart_tool_calls_solved_hist"] == {"4": 1}
+    assert s["eval"]["per_tier"]["2"]["rl_tool_calls_solved_hist"] == {"3": 1}
     assert s["rl"]["mixed_version_frac"] == 1.0
     assert s["teacher"]["1"]["calls_over_min"] == 2.0
 
