@@ -161,12 +161,17 @@ class Pacer:
     group's (start to finish) and the share of groups finishing without signal. With
     ``paced`` false (eager admission) it still measures, and never holds a start back.
 
-    The step in progress is expected to take T̂ = n · median(recent T / n): its batch's n
-    tokens times the recent seconds per token. A step's time follows its tokens (dev runs:
-    105-139 tokens/s over steps of 2-16 k forward tokens, while the step time fell from 130
-    to 24 s), so this predicts the step at hand where the median of recent step times
-    trailed a shortening run by several steps — starting groups after the hot-load and
-    leaving the learner idle."""
+    The step in progress is expected to take T̂ = c + n · r: the recent median of the
+    fixed part c (save and hot-load: the step's wall time less its training time) plus its
+    batch's n tokens times the recent median training seconds per token r. A step's
+    training time follows its tokens (dev run H: 105-139 tokens/s over steps of 2-16 k
+    forward tokens, while the step time fell from 130 to 24 s), so this predicts the step at
+    hand where the median of recent step times trailed a shortening run by several steps —
+    starting groups after the hot-load and leaving the learner idle. The fixed part is
+    separate because a straddled start is only as good as the estimate: seconds per token
+    of the whole step, save and load included, overestimated the short late steps of dev
+    run J by about the half group time the straddle adds, so their groups started at the
+    hot-load instead of across it."""
 
     def __init__(
         self, groups_per_step: int, max_lag: int, *, paced: bool, straddle: float = 0.0
@@ -174,6 +179,8 @@ class Pacer:
         self.groups_per_step, self.max_lag, self.paced = groups_per_step, max_lag, paced
         self.straddle = straddle
         self.s_per_token, self.group_time, self.zero_rate = RecentMedian(), RecentMedian(), Ema()
+        self.fixed_s = RecentMedian()
+        """The part of a step's wall time that is not training (save, hot-load)."""
         self.tokens = 0
         """Tokens of the batch the learner holds (0: none)."""
         self.started_at: dict[str, float] = {}
@@ -198,9 +205,11 @@ class Pacer:
         )
 
     def expected_step_s(self) -> float | None:
-        """T̂ = n · median(recent T / n) for the step in progress (None: not measured yet)."""
-        rate = self.s_per_token.value
-        return None if rate is None or not self.tokens else self.tokens * rate
+        """T̂ = c + n · r for the step in progress (None: not measured yet)."""
+        rate, fixed = self.s_per_token.value, self.fixed_s.value
+        if rate is None or not self.tokens:
+            return None
+        return (fixed or 0.0) + self.tokens * rate
 
     def started(self, key: str) -> None:
         """Group ``key`` started now."""
@@ -218,11 +227,15 @@ class Pacer:
         self.t_train = time.perf_counter()
         self.tokens = sum(len(t) for g in batch for t in g.trajectories)
 
-    def trained(self) -> None:
-        """The step in progress is trained, saved and loaded: its wall time per token is
+    def trained(self, train_s: float | None = None) -> None:
+        """The step in progress is trained (in ``train_s`` of its wall time; None: all of
+        it), saved and loaded: its training seconds per token and its fixed part are
         measured."""
         if self.t_train is not None and self.tokens:
-            self.s_per_token.update((time.perf_counter() - self.t_train) / self.tokens)
+            wall = time.perf_counter() - self.t_train
+            train = wall if train_s is None else min(max(train_s, 0.0), wall)
+            self.s_per_token.update(train / self.tokens)
+            self.fixed_s.update(wall - train)
         self.t_train, self.tokens = None, 0
 
     def estimates(self) -> dict[str, float | None]:
@@ -233,6 +246,7 @@ class Pacer:
         return {
             "paced_step_s": self.expected_step_s(),  # T̂ of the step just trained, before it ran
             "paced_s_per_token": self.s_per_token.value,
+            "paced_fixed_s": self.fixed_s.value,
             "paced_group_s": self.group_time.value,
         }
 

@@ -242,7 +242,7 @@ class RLLoop:
                 if fut is not None and fut.done():
                     result, stats = fut.result()
                     self.finish_step(result, stats, in_training, self.loop.hotload)
-                    self.admit.pacer.trained()  # the step's wall time: train, save, load
+                    self.admit.pacer.trained(result.metrics.get("step_s"))  # train, save, load
                     # the published weights are in the engine now: don't hold them through
                     # the next step
                     fut, in_training, result = None, [], None

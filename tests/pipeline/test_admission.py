@@ -92,6 +92,24 @@ def test_the_step_time_follows_the_batch_tokens():
         med.update(t)
 
 
+def test_the_fixed_part_of_a_step_is_not_charged_per_token(monkeypatch):
+    """T̂ = c + n · r: a step of 1000 tokens trained in 10 s of its 15 s wall time (5 s of
+    save and hot-load) predicts 25 s for 2000 tokens, not the 30 s of 15 s per 1000."""
+    from types import SimpleNamespace
+
+    from provrl.pipeline import admission
+    from provrl.pipeline.admission import Pacer
+
+    clock = iter([0.0, 15.0, 20.0])
+    monkeypatch.setattr(admission.time, "perf_counter", lambda: next(clock))
+    pacer = Pacer(4, 2, paced=True)
+    pacer.training([SimpleNamespace(trajectories=[range(1000)])])  # type: ignore[list-item]
+    pacer.trained(train_s=10.0)
+    pacer.training([SimpleNamespace(trajectories=[range(2000)])])  # type: ignore[list-item]
+    assert pacer.expected_step_s() == pytest.approx(25.0)
+    assert pacer.estimates()["paced_fixed_s"] == pytest.approx(5.0)
+
+
 def test_admission_bounds_outstanding_groups_and_drops_the_stale_ones():
     """n < (1 + L) · G starts; a step takes G ready groups, oldest first; a group beyond
     the lag bound leaves the ready queue and the outstanding count."""
