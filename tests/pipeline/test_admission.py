@@ -6,6 +6,7 @@ from __future__ import annotations
 import math
 from typing import Any
 
+import numpy as np
 import pytest
 
 from provrl.pipeline.admission import Ema, RecentMedian, groups_needed, paced_start
@@ -80,7 +81,7 @@ def test_the_step_time_follows_the_batch_tokens():
     pacer, med = Pacer(4, 2, paced=True), RecentMedian()
     assert pacer.expected_step_s() is None  # nothing measured: eager
     for i, (n, t) in enumerate(steps):
-        batch = [SimpleNamespace(trajectories=[range(n)])]
+        batch = [SimpleNamespace(trajectories=[SimpleNamespace(token_id=np.arange(n))])]
         pacer.training(batch)  # type: ignore[arg-type]
         if i >= 3:
             predicted, trailing = pacer.expected_step_s(), med.value
@@ -103,11 +104,24 @@ def test_the_fixed_part_of_a_step_is_not_charged_per_token(monkeypatch):
     clock = iter([0.0, 15.0, 20.0])
     monkeypatch.setattr(admission.time, "perf_counter", lambda: next(clock))
     pacer = Pacer(4, 2, paced=True)
-    pacer.training([SimpleNamespace(trajectories=[range(1000)])])  # type: ignore[list-item]
+    pacer.training([SimpleNamespace(trajectories=[SimpleNamespace(token_id=np.arange(1000))])])  # type: ignore[list-item]  # fmt: skip
     pacer.trained(train_s=10.0)
-    pacer.training([SimpleNamespace(trajectories=[range(2000)])])  # type: ignore[list-item]
+    pacer.training([SimpleNamespace(trajectories=[SimpleNamespace(token_id=np.arange(2000))])])  # type: ignore[list-item]  # fmt: skip
     assert pacer.expected_step_s() == pytest.approx(25.0)
     assert pacer.estimates()["paced_fixed_s"] == pytest.approx(5.0)
+
+
+def test_a_groups_shared_prompt_is_counted_once():
+    """The learner computes a group's shared prefix once (its radix tree): 8 samples of a
+    100-token prompt and 20 distinct tokens each are 100 + 8 · 20 forward tokens."""
+    from types import SimpleNamespace
+
+    from provrl.pipeline.admission import forward_tokens
+
+    prompt = np.arange(100)
+    samples = [np.concatenate([prompt, 1000 + 20 * i + np.arange(20)]) for i in range(8)]
+    group = SimpleNamespace(trajectories=[SimpleNamespace(token_id=x) for x in samples])
+    assert forward_tokens([group, group]) == 2 * (100 + 8 * 20)  # type: ignore[list-item]
 
 
 def test_admission_bounds_outstanding_groups_and_drops_the_stale_ones():
