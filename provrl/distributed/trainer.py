@@ -164,6 +164,9 @@ class RayLearner:
     def info(self) -> dict[str, Any]:
         return dict(self._info)
 
+    def progress(self) -> float | None:
+        return None  # in the actor: paced admission falls back to its per-token estimate
+
     def close(self) -> None:
         import ray
 

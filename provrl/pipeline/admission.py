@@ -29,7 +29,7 @@ from __future__ import annotations
 
 import math
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Protocol, TypeVar
 
 from provrl.rollout.collector import Group as RolloutGroup
@@ -184,7 +184,9 @@ class Pacer:
     separate because a straddled start is only as good as the estimate: seconds per token
     of the whole step, save and load included, overestimated the short late steps of dev
     run J by about the half group time the straddle adds, so their groups started at the
-    hot-load instead of across it."""
+    hot-load instead of across it. Once a quarter of the step is trained, the learner's own
+    progress takes over: a share f trained in t seconds predicts t / f + c (dev run K's
+    per-token estimates still missed by up to a third from one step to the next)."""
 
     def __init__(
         self, groups_per_step: int, max_lag: int, *, paced: bool, straddle: float = 0.0
@@ -195,7 +197,11 @@ class Pacer:
         self.fixed_s = RecentMedian()
         """The part of a step's wall time that is not training (save, hot-load)."""
         self.tokens = 0
-        """Tokens of the batch the learner holds (0: none)."""
+        """Forward tokens of the batch the learner holds (0: none)."""
+        self.progress: Callable[[], float | None] | None = None
+        """The share of it trained so far (None: not observable)."""
+        self.predicted: float | None = None
+        """T̂ of the step in progress as predicted when it was handed over."""
         self.started_at: dict[str, float] = {}
         """perf_counter() at which each group of this session started, by group key."""
         self.t_train: float | None = None
@@ -218,11 +224,16 @@ class Pacer:
         )
 
     def expected_step_s(self) -> float | None:
-        """T̂ = c + n · r for the step in progress (None: not measured yet)."""
-        rate, fixed = self.s_per_token.value, self.fixed_s.value
+        """T̂ for the step in progress (None: not measured yet): c + n · r until a quarter
+        of it is trained; then from the step's own pace, t / f + c after a share f of its
+        tokens in t seconds (the learner's ``progress``)."""
+        rate, fixed = self.s_per_token.value, self.fixed_s.value or 0.0
+        f = self.progress() if self.progress is not None else None
+        if f is not None and f >= 0.25 and self.t_train is not None:
+            return (time.perf_counter() - self.t_train) / min(f, 1.0) + fixed
         if rate is None or not self.tokens:
             return None
-        return (fixed or 0.0) + self.tokens * rate
+        return fixed + self.tokens * rate
 
     def started(self, key: str) -> None:
         """Group ``key`` started now."""
@@ -235,10 +246,15 @@ class Pacer:
             self.group_time.update(time.perf_counter() - t0)
         self.zero_rate.update(0.0 if signal else 1.0)
 
-    def training(self, batch: Sequence[RolloutGroup]) -> None:
-        """``batch`` was handed to the learner now."""
+    def training(
+        self, batch: Sequence[RolloutGroup], progress: Callable[[], float | None] | None = None
+    ) -> None:
+        """``batch`` was handed to the learner now; ``progress()``: the share of it trained
+        so far (the learner's :meth:`~provrl.train.learner.Learner.progress`)."""
         self.t_train = time.perf_counter()
-        self.tokens = forward_tokens(batch)
+        self.tokens, self.progress = forward_tokens(batch), None
+        self.predicted = self.expected_step_s()
+        self.progress = progress
 
     def trained(self, train_s: float | None = None) -> None:
         """The step in progress is trained (in ``train_s`` of its wall time; None: all of
@@ -249,7 +265,7 @@ class Pacer:
             train = wall if train_s is None else min(max(train_s, 0.0), wall)
             self.s_per_token.update(train / self.tokens)
             self.fixed_s.update(wall - train)
-        self.t_train, self.tokens = None, 0
+        self.t_train, self.tokens, self.progress = None, 0, None
 
     def estimates(self) -> dict[str, float | None]:
         """What the starts of the step just trained were paced by, for its record (paced
@@ -257,7 +273,7 @@ class Pacer:
         if not self.paced:
             return {}
         return {
-            "paced_step_s": self.expected_step_s(),  # T̂ of the step just trained, before it ran
+            "paced_step_s": self.predicted,  # T̂ of the step just trained, before it ran
             "paced_s_per_token": self.s_per_token.value,
             "paced_fixed_s": self.fixed_s.value,
             "paced_group_s": self.group_time.value,

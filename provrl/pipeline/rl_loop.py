@@ -251,7 +251,7 @@ class RLLoop:
                     if (batch := self.admit.batch()) is not None:
                         assert all(group_lag(g, self.learner.version) <= lag for g in batch)
                         fut, in_training = background.submit(self.train, batch), batch
-                        self.admit.pacer.training(batch)
+                        self.admit.pacer.training(batch, self.learner.progress)
         finally:
             background.shutdown(wait=True)
 

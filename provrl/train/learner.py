@@ -124,6 +124,11 @@ class Learner(Protocol):
         """Where the learner runs (process id, threads; for Ray the node)."""
         ...
 
+    def progress(self) -> float | None:
+        """How far the step in progress is: the share of its tokens whose forward and
+        backward are done (None: not observable from here)."""
+        ...
+
     def close(self) -> None: ...
 
 
@@ -167,6 +172,9 @@ class LocalLearner:
     @property
     def version(self) -> int:
         return self.trainer.version
+
+    def progress(self) -> float | None:
+        return self.trainer.progress
 
     def restore(self, ckpt: str | os.PathLike[str]) -> None:
         """Load AdamW state, RNG and step count from ``ckpt/optimizer.pt`` (if the trainer

@@ -388,7 +388,7 @@ class RLTrainer:
         if cfg.packing != "none":
             batch.cut = cut_rows(batch.tb.input_ids, batch.tb.lengths, batch.tb.action_mask)
         self.meter.reset()
-        self._packed_tokens = 0
+        self._packed_tokens, self.progress = 0, 0.0
         everything = torch.arange(batch.size)
         with self.meter.hooks():
             if cfg.optimizer == "trpo":
@@ -464,6 +464,9 @@ class RLTrainer:
 
     _packed_tokens = 0
     """Tokens the forwards of the current step computed (packed or padded)."""
+    progress = 0.0
+    """How far the step in progress is: the share of its rows' tokens whose forward and
+    backward are done (AdamW; read from another thread by the RL loop's paced admission)."""
 
     # ------------------------------------------------------------------ 2. proximal pass
     @torch.no_grad()
@@ -548,6 +551,7 @@ class RLTrainer:
         pending[reused] = True
         totals: dict[str, float] = {}
         grad_norms: list[float] = []
+        total, done = max(float(batch.tb.lengths.sum()) * len(orders), 1.0), 0.0
         for order in orders:
             for mb in order.tensor_split(min(cfg.minibatches, batch.size)):
                 weights = torch.zeros_like(batch.tb.behaviour_logprobs)
@@ -560,6 +564,8 @@ class RLTrainer:
                 for rows in self._micro(mb, batch):
                     out = self._micro_loss(batch, prox, rows, weights, cfg.objective, pending)
                     out.loss.backward()
+                    done += float(batch.tb.lengths[rows].sum())
+                    self.progress = done / total  # read by the RL loop's paced admission
                     _accumulate(totals, out)
                 if bool(pending.any()):
                     raise AssertionError("rows left without π_prox before the first step")

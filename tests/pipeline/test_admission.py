@@ -111,6 +111,31 @@ def test_the_fixed_part_of_a_step_is_not_charged_per_token(monkeypatch):
     assert pacer.estimates()["paced_fixed_s"] == pytest.approx(5.0)
 
 
+def test_the_learners_progress_takes_over_after_a_quarter_of_the_step(monkeypatch):
+    """Predicted 25 s (5 s fixed + 2000 tokens at 10 ms); the learner reports 10 % done at
+    t = 4 s (too early: the prediction stands), then half done at t = 15 s: its own pace says
+    30 s of training, 35 s with the fixed part."""
+    from types import SimpleNamespace
+
+    from provrl.pipeline import admission
+    from provrl.pipeline.admission import Pacer
+
+    now = {"t": 0.0}
+    monkeypatch.setattr(admission.time, "perf_counter", lambda: now["t"])
+    pacer = Pacer(4, 2, paced=True)
+    pacer.s_per_token.update(0.01)
+    pacer.fixed_s.update(5.0)
+    share = {"f": 0.0}
+    batch = [SimpleNamespace(trajectories=[SimpleNamespace(token_id=np.arange(2000))])]
+    pacer.training(batch, lambda: share["f"])  # type: ignore[arg-type]
+    assert pacer.predicted == pytest.approx(25.0)
+    now["t"], share["f"] = 4.0, 0.1
+    assert pacer.expected_step_s() == pytest.approx(25.0)
+    now["t"], share["f"] = 15.0, 0.5
+    assert pacer.expected_step_s() == pytest.approx(35.0)
+    assert pacer.estimates()["paced_step_s"] == pytest.approx(25.0)  # what was predicted
+
+
 def test_a_groups_shared_prompt_is_counted_once():
     """The learner computes a group's shared prefix once (its radix tree): 8 samples of a
     100-token prompt and 20 distinct tokens each are 100 + 8 · 20 forward tokens."""

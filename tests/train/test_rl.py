@@ -313,3 +313,22 @@ def test_bfloat16_autocast_step_is_close_to_float32_and_keeps_float32_weights(ti
     assert all(v.dtype == torch.float32 for v in result.state_dict.values())
     delta = sequence_logprob(model, trajs, pad) - logp_before
     assert float((batch.advantages * delta).sum()) > 0
+
+
+def test_progress_counts_the_trained_share_of_the_step(tiny, sampled, monkeypatch):
+    """RLTrainer.progress: the share of the step's row tokens whose forward and backward are
+    done — what the RL loop's paced admission reads to predict the step's end."""
+    trainer = RLTrainer(copy.deepcopy(tiny.model), RLConfig(micro_batch_tokens=64),
+                        pad_token_id=tiny.tokenizer.pad_token_id)  # fmt: skip
+    seen: list[float] = []
+    backward = torch.Tensor.backward
+
+    def spy(self, *a, **k):
+        backward(self, *a, **k)
+        seen.append(trainer.progress)  # before this micro-batch is counted
+
+    monkeypatch.setattr(torch.Tensor, "backward", spy)
+    trainer.step(fresh(sampled))
+    assert len(seen) > 1 and seen[0] == 0.0
+    assert seen == sorted(seen) and seen[-1] < 1.0
+    assert trainer.progress == pytest.approx(1.0)
