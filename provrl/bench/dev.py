@@ -33,8 +33,8 @@ from provrl.bench.learning import (
     _eval_summary,
     _link_shared,
     _run,
-    _tiers,
     compare,
+    eval_args,
 )
 from provrl.trajlog import read_all
 
@@ -183,10 +183,9 @@ def run_dev(
     for v in eval_versions:
         ev = d / "eval" / f"rl-v{v}"
         if not (ev / "eval.json").is_file():
-            cmd = ["eval", "--config", str(d / "config.yaml"), "--split", "dev", "--n", str(eval_n)]
-            cmd += ["--k", str(eval_k), "--concurrency", "32", "--run-dir", str(ev), "--json"]
-            cmd += ["--set", f"env.eval.tiers={json.dumps(_tiers(d))}"]  # the preset's tiers
-            _run([*cmd, "--policy", str(d / "rl" / f"ckpt-v{v}")], d.parent / f"{name}.log")
+            cmd = eval_args(d, "dev", n=eval_n, k=eval_k)
+            cmd += ["--json", "--run-dir", str(ev), "--policy", str(d / "rl" / f"ckpt-v{v}")]
+            _run(cmd, d.parent / f"{name}.log")
         eval_at[str(v)] = version_eval(d, ev)
     return {
         "benchmark": "dev",

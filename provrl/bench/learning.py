@@ -220,15 +220,7 @@ def run_learning_benchmark(
         rl_ckpt = json.loads((d / "rl" / "done.json").read_text())["checkpoint"]
         rl_eval = _eval_summary(d / "eval" / "rl")
         say(f"seed {s}: second world (generator seed {world2_seed})")
-        ev2 = ["eval", "--config", str(d / "config.yaml"), *w2, "--split", "test", "--n", "0"]
-        ev2 += [
-            "--k",
-            str(eval_k),
-            "--concurrency",
-            "32",
-            "--set",
-            f"env.eval.tiers={json.dumps(_tiers(d))}",
-        ]
+        ev2 = eval_args(d, "test", n=0, k=eval_k, extra=w2)
         if warm_w2 is None:
             _run([*ev2, "--policy", str(shared / "warmstart" / "ckpt"), "--run-dir", str(root / "world2-warmstart")], root / "world2.log")  # fmt: skip
             warm_w2 = _eval_summary(root / "world2-warmstart")
@@ -323,6 +315,15 @@ def summarize_finished(
     rec = aggregate(rows, preset=preset, overrides=overrides, eval_k=eval_k,
                     world2_seed=int(seed) if seed.isdigit() else None, warm=warm)  # fmt: skip
     return rec | {"partial": {"finished_seeds": [r["seed"] for r in rows], "missing": missing}}
+
+
+def eval_args(run_dir: Path, split: str, *, n: int, k: int, extra: Sequence[str] = ()) -> list[str]:
+    """``provrl eval`` arguments for a policy of ``run_dir``: its pinned config (plus
+    ``extra``), ``n`` tasks (0: all) × ``k`` samples of ``split``, of the preset's tiers;
+    ``--policy`` and ``--run-dir`` are the caller's."""
+    args = ["eval", "--config", str(run_dir / "config.yaml"), *extra, "--split", split]
+    args += ["--n", str(n), "--k", str(k), "--concurrency", "32"]
+    return [*args, "--set", f"env.eval.tiers={json.dumps(_tiers(run_dir))}"]
 
 
 def _tiers(run_dir: Path) -> list[int]:

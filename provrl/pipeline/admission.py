@@ -227,13 +227,17 @@ class Pacer:
         """T̂ for the step in progress (None: not measured yet): c + n · r until a quarter
         of it is trained; then from the step's own pace, t / f + c after a share f of its
         tokens in t seconds (the learner's ``progress``)."""
-        rate, fixed = self.s_per_token.value, self.fixed_s.value or 0.0
         f = self.progress() if self.progress is not None else None
         if f is not None and f >= 0.25 and self.t_train is not None:
-            return (time.perf_counter() - self.t_train) / min(f, 1.0) + fixed
+            return (time.perf_counter() - self.t_train) / min(f, 1.0) + (self.fixed_s.value or 0.0)
+        return self.prior_step_s()
+
+    def prior_step_s(self) -> float | None:
+        """T̂ = c + n · r for the batch the learner holds (None: not measured yet)."""
+        rate = self.s_per_token.value
         if rate is None or not self.tokens:
             return None
-        return fixed + self.tokens * rate
+        return (self.fixed_s.value or 0.0) + self.tokens * rate
 
     def started(self, key: str) -> None:
         """Group ``key`` started now."""
@@ -251,10 +255,12 @@ class Pacer:
     ) -> None:
         """``batch`` was handed to the learner now; ``progress()``: the share of it trained
         so far (the learner's :meth:`~provrl.train.learner.Learner.progress`)."""
-        self.t_train = time.perf_counter()
-        self.tokens, self.progress = forward_tokens(batch), None
-        self.predicted = self.expected_step_s()
-        self.progress = progress
+        self.t_train, self.tokens, self.progress = (
+            time.perf_counter(),
+            forward_tokens(batch),
+            progress,
+        )
+        self.predicted = self.prior_step_s()
 
     def trained(self, train_s: float | None = None) -> None:
         """The step in progress is trained (in ``train_s`` of its wall time; None: all of
