@@ -199,6 +199,15 @@ class Curriculum:
         metadata for :meth:`replay`: its start count and whether it is a re-probe."""
         return {STARTED: self.last_start[task_id], REPROBE: group_key(task_id, round_) in self.reprobes}  # fmt: skip
 
+    @classmethod
+    def restored(cls, tasks: Sequence[Task], cfg: CurriculumConfig, seed: int, probe: Iterable[Group], logged: Iterable[Trajectory], k: int, version: int) -> Curriculum:  # fmt: skip
+        """The curriculum of a stage that starts or resumes at ``version``: built on
+        ``tasks`` with the order ``seed``, then :meth:`replay` of the probe's groups and the
+        stage's ``logged`` trajectories."""
+        curriculum = cls(list(tasks), cfg, seed=seed)
+        curriculum.replay(probe, logged, k, version)
+        return curriculum
+
     def replay(
         self, probe: Iterable[Group], logged: Iterable[Trajectory], k: int, version: int
     ) -> None:

@@ -53,14 +53,12 @@ from provrl.failpoints import failpoint
 from provrl.pipeline.admission import Admission, check_on_policy, group_lag
 from provrl.pipeline.build import RLParts, build_rl_parts, rl_seeds
 from provrl.pipeline.curriculum import Curriculum
-from provrl.pipeline.probe import probe_groups
-from provrl.pipeline.rl_stats import SignalCount, batch_stats, stage_summary, step_record
+from provrl.pipeline.rl_stats import batch_stats, stage_summary, step_record
 from provrl.pipeline.rundir import RunDir
 from provrl.pipeline.steplog import StepLog
 from provrl.pipeline.steplog import read_steps as read_steps  # re-exported: its old home
 from provrl.rollout.collector import Collector, Group, group_key
 from provrl.run_config.run import RunConfig
-from provrl.train.learner import NonFiniteGuard
 from provrl.trajlog import TrajectoryWriter
 
 
@@ -85,18 +83,14 @@ class RLLoop:
         self.parts, self.engine, self.learner, self.metrics = parts, parts.engine, parts.learner, parts.metrics  # fmt: skip
         self.by_id = {t.task_id: t for t in tasks}
         self.seed, order_seed = rl_seeds(cfg)
-        self.curriculum = Curriculum(list(tasks), cfg.pipeline.curriculum, seed=order_seed)
-        self.probe_groups = probe_groups(log.run.root / "probe", self.by_id, self.loop.k)
-        log.rebuild_rows(self.metrics)
-        self.guard = NonFiniteGuard(cfg.rl.nonfinite_limit, self.state.nonfinite_steps)
-        logged = log.read_back(self.probe_groups.values(), self.by_id)
-        self.curriculum.replay(self.probe_groups.values(), logged, self.loop.k, self.state.version)
+        self.probe_groups, logged = log.restore(self.by_id, self.loop.k, self.metrics)
+        self.curriculum = Curriculum.restored(tasks, cfg.pipeline.curriculum, order_seed, self.probe_groups.values(), logged, self.loop.k, self.state.version)  # fmt: skip
+        self.guard, self.signal = log.counters(cfg.rl.nonfinite_limit)
+        """Non-finite steps skipped; finished groups, and how many had no signal (durable)."""
         self.t_session = time.perf_counter()  # this process: the engine's counters start here
         self.t_start = self.t_session - self.state.wall_s  # the stage: accumulates across resumes
         self.admit = Admission(self.loop.groups_per_step, self.loop.max_lag, paced=self.loop.admission == "paced", straddle=self.loop.straddle)  # fmt: skip
         """The groups started and not yet trained or dropped; the ready queue."""
-        self.signal = SignalCount.restored(self.state.signal)
-        """Finished groups of the run, and how many (and their tokens) had no signal."""
         self.collector_summary: dict[str, Any] = {}
         self._stack = contextlib.ExitStack()
         self.col: Collector | None = None

@@ -55,12 +55,13 @@ from provrl.models.checkpoint import (
     removed_unless_complete,
     write_manifest,
 )
-from provrl.pipeline.rl_stats import batch_row
+from provrl.pipeline.probe import probe_groups
+from provrl.pipeline.rl_stats import SignalCount, batch_row
 from provrl.pipeline.rundir import COMPLETE, ResumeWarning, RunDir
 from provrl.provenance import Trajectory
 from provrl.report.metrics import MetricsWriter, read_metrics
 from provrl.rollout.collector import Group
-from provrl.train.learner import Learner
+from provrl.train.learner import Learner, NonFiniteGuard
 from provrl.trajlog import read_trajectories
 
 STEPS = "steps.jsonl"
@@ -349,7 +350,9 @@ class StepLog:
         log = StepLog(run, start_policy)   # the newest intact checkpoint (damaged ones set
                                            # aside), its state, steps.jsonl restored to it
         log.policy, log.state.version      # what to load: the checkpoint, or the start policy
-        log.read_back(probe, tasks)        # the log's untrained groups; a lost step's batch
+        log.restore(tasks, k, metrics)     # the probe's groups and the log read back: its
+                                           # untrained groups, a lost step's batch
+        log.counters(limit)                # non-finite guard and signal count, as kept
         log.commit(version, record, ...)   # checkpoint u+1 with its record, then steps.jsonl
 
     Between two durable writes of :meth:`commit` there is a failpoint (``PROVRL_FAILPOINT``;
@@ -393,6 +396,20 @@ class StepLog:
     def done(self) -> set[str]:
         """Trajectories never to train again: settled, or in a lost step's batch."""
         return self.state.done() | {t.traj_id for g in self.redo for t in g.trajectories}
+
+    def restore(self, tasks: Mapping[str, Task], k: int, metrics: MetricsWriter) -> tuple[dict[str, Group], list[Trajectory]]:  # fmt: skip
+        """What a (resumed) stage starts from: the metrics rows re-sent to ``metrics``
+        (:meth:`rebuild_rows`), the probe's complete groups of ``tasks`` (``k`` samples, by
+        key) and the trajectory log, read back (:meth:`read_back`)."""
+        self.rebuild_rows(metrics)
+        probe = probe_groups(self.run.root / "probe", dict(tasks), k)
+        return probe, self.read_back(probe.values(), tasks)
+
+    def counters(self, nonfinite_limit: int) -> tuple[NonFiniteGuard, SignalCount]:
+        """The run's counters as the checkpoint kept them: non-finite steps skipped (the
+        guard raises past ``nonfinite_limit``) and finished groups with and without
+        signal."""
+        return NonFiniteGuard(nonfinite_limit, self.state.nonfinite_steps), SignalCount.restored(self.state.signal)  # fmt: skip
 
     def read_back(self, probe: Iterable[Group], tasks: Mapping[str, Task]) -> list[Trajectory]:
         """The trajectory log, read back (returned) with the probe's groups: the batches of
