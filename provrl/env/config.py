@@ -355,7 +355,9 @@ class ExplorerConfig(Section):
 
 
 class EvalConfig(Section):
-    """``provrl eval``: which tasks, how many samples."""
+    """``provrl eval`` (the command): which tasks, how many samples. ``provrl run``'s eval
+    stage reads ``pipeline.eval`` and ``pipeline.tasks`` instead, and refuses a changed key
+    here, naming the one it reads."""
 
     split: Literal["train", "dev", "test"] = Field("dev", description="Task split to evaluate.")
     n: int = Field(0, ge=0, description="Number of tasks (0 = all of the split).")
@@ -390,7 +392,10 @@ class EnvConfig(Section):
     world: WorldConfig = Field(default_factory=WorldConfig, description="World generator.")
     search: SearchConfig = Field(default_factory=SearchConfig, description="Search backend.")
     agent: AgentConfig = Field(default_factory=AgentConfig, description="Agent loop.")
-    eval: EvalConfig = Field(default_factory=EvalConfig, description="Evaluation.")
+    eval: EvalConfig = Field(
+        default_factory=EvalConfig,
+        description="`provrl eval` (the command); provrl run's eval stage is pipeline.eval.",
+    )
     serve: ServeConfig = Field(
         default_factory=ServeConfig, description="`provrl serve-search` (the /retrieve service)."
     )

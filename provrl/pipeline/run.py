@@ -94,6 +94,7 @@ def run_pipeline(cfg: RunConfig, run_dir: str | Path, *, progress: bool = True) 
     torch.manual_seed(cfg.seed)
     say = _say(progress)
     check_warm_start(cfg)  # before any work: a warm start that cannot produce data,
+    check_eval_section(cfg)  # a provrl eval key provrl run would ignore,
     preflight_search(None, cfg.env)  # a dead retriever
     engines = engine_factory(cfg)  # the one engine factory: probe, RL and eval build through it
 
@@ -221,6 +222,31 @@ def check_warm_start(cfg: RunConfig) -> None:
             f"the world's index, not on env.search.index={s.index}; give your own warm-start "
             "data (--set pipeline.warmstart_data=[chat.jsonl]: chat JSONL or trajectory logs) "
             "or --set pipeline.warmstart=false"
+        )
+
+
+EVAL_KEYS = {
+    "split": "pipeline.eval.split",
+    "k": "pipeline.eval.k",
+    "concurrency": "pipeline.eval.concurrency",
+    "n": "pipeline.tasks.eval",
+    "tiers": "pipeline.tasks.tiers",
+    "seed": "pipeline.tasks.seed",
+}
+"""``env.eval`` (the ``provrl eval`` command's section) → what ``provrl run`` reads instead."""
+
+
+def check_eval_section(cfg: RunConfig) -> None:
+    """Refuse, with one line, an ``env.eval`` key changed for ``provrl run``: that section is the
+    ``provrl eval`` command's, and the run's eval stage reads ``pipeline.eval`` and
+    ``pipeline.tasks`` (:data:`EVAL_KEYS`), so the key would be silently ignored."""
+    ev, default = cfg.env.eval, type(cfg.env.eval)()
+    given = [name for name in EVAL_KEYS if getattr(ev, name) != getattr(default, name)]
+    if given:  # compared with the defaults: a resumed run's config.yaml holds every key
+        name = given[0]
+        raise ConfigError(
+            f"env.eval.{name}: provrl eval's setting, ignored by provrl run, whose eval stage "
+            f"reads {EVAL_KEYS[name]} (set that instead)"
         )
 
 

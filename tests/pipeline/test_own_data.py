@@ -95,3 +95,14 @@ def test_a_user_index_without_warm_start_data_is_refused_before_any_work(tmp_pat
     assert not (run / "warmstart").exists() and not (run / "world").exists()
     assert _run(tmp_path / "run2", f"pipeline.warmstart_data=[{tmp_path / 'nope.jsonl'}]") == 2
     assert "nope.jsonl: no such file" in capsys.readouterr().err
+
+
+def test_an_eval_key_of_provrl_eval_is_refused_by_provrl_run_naming_the_one_it_reads(tmp_path, capsys):  # fmt: skip
+    """env.eval is the `provrl eval` command's section: `provrl run` would ignore it, so it
+    says so in one line, before any work, and names the pipeline key its eval stage reads."""
+    run = tmp_path / "run"
+    assert _run(run, "env.eval.k=8") == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1
+    assert "env.eval.k" in err and "pipeline.eval.k" in err
+    assert not (run / "world").exists() and not (run / "warmstart").exists()
