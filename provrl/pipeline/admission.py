@@ -30,7 +30,7 @@ from __future__ import annotations
 import math
 import time
 from collections.abc import Callable, Sequence
-from typing import Protocol, TypeVar
+from typing import Any, Protocol, TypeVar
 
 from provrl.rollout.collector import Group as RolloutGroup
 from provrl.train.packing import build_trie
@@ -206,6 +206,11 @@ class Pacer:
         """perf_counter() at which each group of this session started, by group key."""
         self.t_train: float | None = None
         """When the step in progress was handed to the learner (None: learner idle)."""
+        self.starts: list[float] = []
+        """Seconds after the hand-over at which the groups started during the step in
+        progress started (its record: whether the straddle timed them as planned)."""
+        self.finishes: list[float] = []
+        """The same for the groups that finished during it (before its hot-load)."""
 
     def may_start(self, pending: int) -> bool:
         """Whether the next step needs a group started now, ``pending`` groups started or
@@ -241,13 +246,17 @@ class Pacer:
 
     def started(self, key: str) -> None:
         """Group ``key`` started now."""
-        self.started_at[key] = time.perf_counter()
+        self.started_at[key] = now = time.perf_counter()
+        if self.t_train is not None:
+            self.starts.append(now - self.t_train)
 
     def finished(self, key: str, signal: bool) -> None:
         """Group ``key`` finished now, with or without signal."""
-        t0 = self.started_at.pop(key, None)
+        t0, now = self.started_at.pop(key, None), time.perf_counter()
         if t0 is not None:
-            self.group_time.update(time.perf_counter() - t0)
+            self.group_time.update(now - t0)
+        if self.t_train is not None:
+            self.finishes.append(now - self.t_train)
         self.zero_rate.update(0.0 if signal else 1.0)
 
     def training(
@@ -260,6 +269,7 @@ class Pacer:
             forward_tokens(batch),
             progress,
         )
+        self.starts, self.finishes = [], []
         self.predicted = self.prior_step_s()
 
     def trained(self, train_s: float | None = None) -> None:
@@ -273,9 +283,11 @@ class Pacer:
             self.fixed_s.update(wall - train)
         self.t_train, self.tokens, self.progress = None, 0, None
 
-    def estimates(self) -> dict[str, float | None]:
+    def estimates(self) -> dict[str, Any]:
         """What the starts of the step just trained were paced by, for its record (paced
-        admission only): T̂ as predicted before it ran, seconds per token, group time."""
+        admission only): T̂ as predicted before it ran, seconds per token, group time, and
+        when (seconds after the hand-over) the groups started and finished while it trained
+        — a group started and not finished by the hot-load spans two versions."""
         if not self.paced:
             return {}
         return {
@@ -283,6 +295,8 @@ class Pacer:
             "paced_s_per_token": self.s_per_token.value,
             "paced_fixed_s": self.fixed_s.value,
             "paced_group_s": self.group_time.value,
+            "paced_starts_s": [round(t, 1) for t in self.starts],  # after the hand-over
+            "paced_finishes_s": [round(t, 1) for t in self.finishes],  # before the hot-load
         }
 
 

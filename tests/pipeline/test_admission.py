@@ -174,3 +174,29 @@ def test_admission_bounds_outstanding_groups_and_drops_the_stale_ones():
     assert adm.batch() == [a, b] and adm.ready == [] and adm.batch() is None
     adm.settled(2)
     assert adm.outstanding == 0 and adm.may_start(in_training=0)
+
+
+def test_a_steps_record_says_when_its_groups_started_and_finished(monkeypatch):
+    """Seconds after the hand-over: a group started at 12 s and one finished at 30 s while
+    the step trained; a group started before the hand-over is not listed, and the next step
+    starts a new list."""
+    from types import SimpleNamespace
+
+    from provrl.pipeline import admission
+    from provrl.pipeline.admission import Pacer
+
+    now = {"t": 0.0}
+    monkeypatch.setattr(admission.time, "perf_counter", lambda: now["t"])
+    pacer = Pacer(4, 2, paced=True)
+    pacer.started("a#r1")  # learner idle: no step to time it against
+    now["t"] = 100.0
+    pacer.training([SimpleNamespace(trajectories=[SimpleNamespace(token_id=np.arange(10))])])  # type: ignore[list-item]  # fmt: skip
+    now["t"] = 112.0
+    pacer.started("b#r1")
+    now["t"] = 130.0
+    pacer.finished("a#r1", signal=True)
+    est = pacer.estimates()
+    assert est["paced_starts_s"] == [12.0] and est["paced_finishes_s"] == [30.0]
+    pacer.trained()
+    pacer.training([SimpleNamespace(trajectories=[SimpleNamespace(token_id=np.arange(10))])])  # type: ignore[list-item]  # fmt: skip
+    assert pacer.estimates()["paced_starts_s"] == [] == pacer.estimates()["paced_finishes_s"]
