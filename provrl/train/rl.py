@@ -369,7 +369,16 @@ class RLTrainer:
 
     # ------------------------------------------------------------------ the step
     def step(self, trajectories: Sequence[Trajectory]) -> StepResult:
-        """One RL update from ``trajectories`` (see the module docstring)."""
+        """One RL update from ``trajectories`` (see the module docstring). :attr:`progress`
+        reads 0 before and after: the RL loop's pacer reads it from its own thread as soon
+        as it has handed the batch over, before this thread has begun on it."""
+        self.progress = 0.0
+        try:
+            return self._step(trajectories)
+        finally:
+            self.progress = 0.0
+
+    def _step(self, trajectories: Sequence[Trajectory]) -> StepResult:
         t0 = time.perf_counter()
         cfg = self.cfg
         self.model.eval()
@@ -466,7 +475,10 @@ class RLTrainer:
     """Tokens the forwards of the current step computed (packed or padded)."""
     progress = 0.0
     """How far the step in progress is: the share of its rows' tokens whose forward and
-    backward are done (AdamW; read from another thread by the RL loop's paced admission)."""
+    backward are done (AdamW; read from another thread by the RL loop's paced admission);
+    0 between steps. It was left at the last step's 1.0 until the next step had prepared
+    its batch, so a pacer reading it at the hand-over predicted the step as over and
+    started the next groups at once (dev run M: every start at 0 s, nothing mixed)."""
 
     # ------------------------------------------------------------------ 2. proximal pass
     @torch.no_grad()
