@@ -106,7 +106,35 @@ def rl_summary(rl_dir: Path) -> dict[str, Any]:
         "distinct_share_mean": mean("distinct_share"),
         "kv_stale_share_mean": mean("kv_stale_share"),
         "per_step": [{k: r[k] for k in STEP_KEYS if k in r} for r in recs],
+        "by_version": tier_blocks(rl_dir / "trajectories.jsonl"),
     }
+
+
+def tier_blocks(log: Path, block: int = 4) -> dict[str, dict[str, dict[str, float]]]:
+    """The RL groups of the trajectory log by the block of ``block`` versions their oldest
+    action token was sampled under, and by tier: groups, accuracy and tool calls per episode
+    — when in a run a tier learned, or collapsed (``{"0-3": {"1": {...}}}``)."""
+    groups: dict[str, list[Any]] = {}
+    for t in read_all(log) if log.is_file() else []:
+        groups.setdefault(str(t.meta.get("group", t.traj_id)), []).append(t)
+    cells: dict[tuple[int, str], list[tuple[float, float]]] = {}
+    for trajs in groups.values():
+        acted = [t for t in trajs if t.num_actions]
+        if not acted:
+            continue
+        v = min(int(t.version[t.is_action].min()) for t in acted) // block
+        n = len(trajs)
+        acc = sum(float(t.metrics.get("exact_match", 0.0)) for t in trajs) / n
+        calls = sum(float(t.metrics.get("num_tool_calls", 0.0)) for t in trajs) / n
+        cells.setdefault((v, str(trajs[0].meta.get("tier", 0))), []).append((acc, calls))
+    out: dict[str, dict[str, dict[str, float]]] = {}
+    for (v, tier), rows in sorted(cells.items()):
+        out.setdefault(f"{v * block}-{v * block + block - 1}", {})[tier] = {
+            "groups": len(rows),
+            "accuracy": float(np.mean([a for a, _ in rows])),
+            "tool_calls": float(np.mean([c for _, c in rows])),
+        }
+    return out
 
 
 def summarize_run(run_dir: str | Path) -> dict[str, Any]:

@@ -8,17 +8,18 @@ import math
 
 import pytest
 
-from provrl.bench.dev import rl_summary, summarize_run, teacher_calls
+from provrl.bench.dev import rl_summary, summarize_run, teacher_calls, tier_blocks
 from provrl.provenance import TrajectoryBuilder
 from provrl.trajlog import TrajectoryWriter
 
 
-def _traj(tid: str, task: str, **metrics: float):
+def _traj(tid: str, task: str, version: int = 0, meta: dict | None = None, **metrics: float):
     b = TrajectoryBuilder(tid, task)
     b.add_prompt([1, 2, 3])
-    b.add_actions([4, 5], logprob=[-0.1, -0.2], kept_mass=[1.0, 1.0], version=[0, 0],
-                  kv_min=[0, 0], kv_max=[0, 0], replica=0)  # fmt: skip
+    b.add_actions([4, 5], logprob=[-0.1, -0.2], kept_mass=[1.0, 1.0], version=[version] * 2,
+                  kv_min=[version] * 2, kv_max=[version] * 2, replica=0)  # fmt: skip
     t = b.build()
+    t.meta.update(meta or {})
     t.metrics.update(metrics)
     t.reward = float(metrics.get("exact_match", 0.0))
     return t
@@ -136,3 +137,20 @@ def test_the_filter_pools_are_counted_per_tier(tmp_path):
         "1": {"kept": 2, "solved": 1, "unsolved": 0},
         "2": {"kept": 1, "solved": 0, "unsolved": 2},
     }
+
+
+def test_groups_are_counted_by_version_block_and_tier(tmp_path):
+    """A tier-2 group sampled at version 1 and one at version 5 fall in blocks 0-3 and 4-7
+    (its oldest action token); accuracy and calls are per episode, averaged per group."""
+    f = tmp_path / "rl" / "trajectories.jsonl"
+    _write(f, [
+        _traj("a0", "t1", 1, {"group": "t1#r1", "tier": 2}, exact_match=1, num_tool_calls=2),
+        _traj("a1", "t1", 2, {"group": "t1#r1", "tier": 2}, exact_match=0, num_tool_calls=1),
+        _traj("b0", "t2", 5, {"group": "t2#r1", "tier": 2}, exact_match=0, num_tool_calls=1),
+        _traj("c0", "t3", 0, {"group": "t3#r1", "tier": 1}, exact_match=1, num_tool_calls=1),
+    ])  # fmt: skip
+    blocks = tier_blocks(f)
+    assert list(blocks) == ["0-3", "4-7"]
+    assert blocks["0-3"]["2"] == {"groups": 1, "accuracy": 0.5, "tool_calls": 1.5}
+    assert blocks["0-3"]["1"]["accuracy"] == 1.0
+    assert blocks["4-7"]["2"] == {"groups": 1, "accuracy": 0.0, "tool_calls": 1.0}
