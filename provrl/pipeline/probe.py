@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import json
 from collections import defaultdict
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -343,7 +343,7 @@ def format_transitions(table: dict[str, dict[str, int]]) -> str:
     return "\n".join(lines)
 
 
-def probe_groups(probe_dir: Path, tasks: dict[str, Task], k: int) -> dict[str, Group]:
+def probe_groups(probe_dir: Path, tasks: Mapping[str, Task], k: int) -> dict[str, Group]:
     """The probe's complete groups (round 0, ``k`` samples) of ``tasks``, by group key, from
     ``probe_dir/trajectories.jsonl`` (none without it): the RL curriculum's first evidence,
     and (``train_on_probe``) its first ready groups."""

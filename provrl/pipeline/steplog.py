@@ -402,7 +402,7 @@ class StepLog:
         (:meth:`rebuild_rows`), the probe's complete groups of ``tasks`` (``k`` samples, by
         key) and the trajectory log, read back (:meth:`read_back`)."""
         self.rebuild_rows(metrics)
-        probe = probe_groups(self.run.root / "probe", dict(tasks), k)
+        probe = probe_groups(self.run.root / "probe", tasks, k)
         return probe, self.read_back(probe.values(), tasks)
 
     def counters(self, nonfinite_limit: int) -> tuple[NonFiniteGuard, SignalCount]:

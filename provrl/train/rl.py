@@ -397,7 +397,7 @@ class RLTrainer:
         if cfg.packing != "none":
             batch.cut = cut_rows(batch.tb.input_ids, batch.tb.lengths, batch.tb.action_mask)
         self.meter.reset()
-        self._packed_tokens, self.progress = 0, 0.0
+        self._packed_tokens = 0  # progress: reset by step()
         everything = torch.arange(batch.size)
         with self.meter.hooks():
             if cfg.optimizer == "trpo":
