@@ -351,6 +351,13 @@ class ExplorerConfig(Section):
         le=1,
         description="Probability of one confirming search for the answer before answering.",
     )
+    max_calls: int | None = Field(
+        None,
+        ge=0,
+        description="The teacher's own call budget: extras are dropped where they would pass "
+        "it (None = env.agent.max_tool_calls). A large agent's budget may exceed the student's "
+        "cap; the traces do not name either, and the student's calls past its cap are refused.",
+    )
     seed: int = Field(0, description="Seed of the coins (with the task id and sample number).")
 
 

@@ -278,16 +278,33 @@ def warm_start(
         summary["source"] = "user data (" + ", ".join(cfg.pipeline.warmstart_data) + ")"
         summary["tasks"] = 0
         return summary
+    teacher = cfg.pipeline.teacher
+    traces = teacher_traces(cfg, world_dir, tasks)
+    (d / "teacher.jsonl").unlink(missing_ok=True)  # a rerun after a kill rewrites it whole
+    with TrajectoryWriter(d / "teacher.jsonl") as w:
+        w.write_many(traces)
+    summary = run_sft(traces, cfg.model.name, d / "ckpt", cfg.sft, run_dir=d, dtype=cfg.model.dtype)
+    summary["source"] = f"teacher ({teacher})"
+    summary["teacher_calls"] = teacher_call_stats(traces)
+    summary["tasks"] = len(tasks)
+    return summary
+
+
+def teacher_traces(cfg: RunConfig, world_dir: Path, tasks: list[Task]) -> list[Trajectory]:
+    """The ``pipeline.teacher``'s solved traces of ``tasks``, labelled as teacher data. The
+    explorer spends at most ``env.explorer.max_calls`` calls (its own budget; by default the
+    student's ``env.agent.max_tool_calls``)."""
     a = cfg.env.agent
     tools = agent_tools(world_dir, cfg.env, shots=False)  # teacher traces have no shots
     backend = tools.backend
     tok = load_tokenizer(cfg.model.name)
     teacher, k = cfg.pipeline.teacher, cfg.env.search.k
+    budget = a.max_tool_calls if cfg.env.explorer.max_calls is None else cfg.env.explorer.max_calls
     traces = []
     for t in tasks:
         for i in range(cfg.pipeline.teacher_samples if teacher == "explorer" else 1):
             if teacher == "explorer":
-                r = run_explorer(t, backend, k, a.protocol, cfg=cfg.env.explorer, sample=i, max_calls=a.max_tool_calls)  # fmt: skip
+                r = run_explorer(t, backend, k, a.protocol, cfg=cfg.env.explorer, sample=i, max_calls=budget)  # fmt: skip
             else:
                 r = run_oracle(t, backend, k, a.protocol)
             if r.solved:
@@ -303,14 +320,7 @@ def warm_start(
             f"{where}; give your own warm-start data (--set pipeline.warmstart_data=[FILE]) "
             "or --set pipeline.warmstart=false"
         )
-    (d / "teacher.jsonl").unlink(missing_ok=True)  # a rerun after a kill rewrites it whole
-    with TrajectoryWriter(d / "teacher.jsonl") as w:
-        w.write_many(traces)
-    summary = run_sft(traces, cfg.model.name, d / "ckpt", cfg.sft, run_dir=d, dtype=cfg.model.dtype)
-    summary["source"] = f"teacher ({teacher})"
-    summary["teacher_calls"] = teacher_call_stats(traces)
-    summary["tasks"] = len(tasks)
-    return summary
+    return traces
 
 
 def teacher_call_stats(traces: list[Trajectory]) -> dict[str, Any]:

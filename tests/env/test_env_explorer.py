@@ -52,3 +52,23 @@ def test_explorer_is_deterministic_per_task_and_sample(small_world, small_search
     assert [arg for _, arg in run_explorer(t, small_search, 3, cfg=off).calls] == [
         st.query for st in t.oracle
     ]
+
+
+def test_the_teachers_own_budget_is_spent_and_the_students_cap_is_the_default(small_world):
+    """``env.explorer.max_calls`` bounds the explorer's traces; unset, the student's
+    ``env.agent.max_tool_calls`` does (the warm start of configs/default.yaml: 6 and 4)."""
+    from provrl.config import load_config
+    from provrl.pipeline.run import teacher_traces
+    from provrl.run_config import RunConfig
+
+    tasks = [t for t in load_split(small_world, "train") if t.tier == 2][:30]
+    base = ["pipeline.teacher=explorer", "env.agent.max_tool_calls=3", "env.agent.tool_call_cost=0.1"]  # fmt: skip
+
+    def calls(*extra: str) -> list[int]:
+        cfg = load_config(RunConfig, "quick", [*base, *extra])
+        return [int(t.metrics["num_tool_calls"]) for t in teacher_traces(cfg, small_world, tasks)]
+
+    capped, own = calls(), calls("env.explorer.max_calls=6")
+    assert capped and max(capped) <= 3
+    assert max(own) > 3 and max(own) <= 6
+    assert len(own) == len(capped)  # the plan's own searches always run: as many solved
