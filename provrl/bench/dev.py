@@ -36,6 +36,7 @@ from provrl.bench.learning import (
     compare,
     eval_args,
 )
+from provrl.pipeline.rundir import SESSIONS
 from provrl.trajlog import read_all
 
 STEP_KEYS = (
@@ -215,17 +216,27 @@ def run_dev(
             cmd += ["--json", "--run-dir", str(ev), "--policy", str(d / "rl" / f"ckpt-v{v}")]
             _run(cmd, d.parent / f"{name}.log")
         eval_at[str(v)] = version_eval(d, ev)
+    sessions = run_sessions(d)
+    covers = "the whole run" if sessions <= 1 else f"the last of {sessions} sessions (resumed)"
     return {
         "benchmark": "dev",
         "name": name,
+        "sessions": sessions,
         "preset": preset,
         "overrides": list(overrides),
         "shared": str(shared) if shared is not None else None,
         "shared_stages": list(SHARED_STAGES) if shared is not None else [],
         **usage,
+        "usage_covers": covers,  # wall_s and peak_rss_gb: this invocation's only
         **summarize_run(d),
         **({"eval_at": eval_at} if eval_at else {}),
     }
+
+
+def run_sessions(run_dir: Path) -> int:
+    """How many times the run was started or resumed (lines of ``RUN/sessions.jsonl``)."""
+    f = run_dir / SESSIONS
+    return sum(1 for line in f.read_text().splitlines() if line.strip()) if f.is_file() else 0
 
 
 def version_eval(run_dir: Path, eval_dir: Path) -> dict[str, Any]:

@@ -154,3 +154,12 @@ def test_groups_are_counted_by_version_block_and_tier(tmp_path):
     assert blocks["0-3"]["2"] == {"groups": 1, "accuracy": 0.5, "tool_calls": 1.5}
     assert blocks["0-3"]["1"]["accuracy"] == 1.0
     assert blocks["4-7"]["2"] == {"groups": 1, "accuracy": 0.0, "tool_calls": 1.0}
+
+
+def test_a_resumed_runs_sessions_are_counted(tmp_path):
+    """The record's wall time and RSS are the invocation's: a resumed run says so."""
+    from provrl.bench.dev import run_sessions
+
+    assert run_sessions(tmp_path) == 0
+    (tmp_path / "sessions.jsonl").write_text('{"date": "a"}\n{"date": "b"}\n\n')
+    assert run_sessions(tmp_path) == 2
