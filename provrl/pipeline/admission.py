@@ -186,7 +186,9 @@ class Pacer:
     run J by about the half group time the straddle adds, so their groups started at the
     hot-load instead of across it. Once a quarter of the step is trained, the learner's own
     progress takes over: a share f trained in t seconds predicts t / f + c (dev run K's
-    per-token estimates still missed by up to a third from one step to the next)."""
+    per-token estimates still missed by up to a third from one step to the next). The fixed
+    part holds the loop: with a straddle, groups due inside it start when the step is
+    trained (:meth:`train_done`), before its save and hot-load."""
 
     def __init__(
         self, groups_per_step: int, max_lag: int, *, paced: bool, straddle: float = 0.0
@@ -211,6 +213,8 @@ class Pacer:
         progress started (its record: whether the straddle timed them as planned)."""
         self.finishes: list[float] = []
         """The same for the groups that finished during it (before its hot-load)."""
+        self.loading = False
+        """The step in progress is trained and its save and hot-load come next."""
 
     def may_start(self, pending: int) -> bool:
         """Whether the next step needs a group started now, ``pending`` groups started or
@@ -219,6 +223,10 @@ class Pacer:
             return True
         G, lag = self.groups_per_step, self.max_lag
         elapsed = None if self.t_train is None else time.perf_counter() - self.t_train
+        if self.loading and self.straddle > 0 and elapsed is not None:
+            # the save and hot-load block the loop for the fixed part c: a start due inside
+            # them (c > (1 − s) · group_s: short groups) is made now, still before the swap
+            elapsed = math.inf
         return paced_start(
             pending=pending,
             need=groups_needed(G, self.zero_rate.value or 0.0, cap=(1 + lag) * G),
@@ -270,7 +278,12 @@ class Pacer:
             progress,
         )
         self.starts, self.finishes = [], []
-        self.predicted = self.prior_step_s()
+        self.predicted, self.loading = self.prior_step_s(), False
+
+    def train_done(self) -> None:
+        """The step in progress is trained; its save and hot-load, which hold the loop, come
+        next: with a straddle, the groups due by the hot-load start now."""
+        self.loading = True
 
     def trained(self, train_s: float | None = None) -> None:
         """The step in progress is trained (in ``train_s`` of its wall time; None: all of
@@ -281,7 +294,7 @@ class Pacer:
             train = wall if train_s is None else min(max(train_s, 0.0), wall)
             self.s_per_token.update(train / self.tokens)
             self.fixed_s.update(wall - train)
-        self.t_train, self.tokens, self.progress = None, 0, None
+        self.t_train, self.tokens, self.progress, self.loading = None, 0, None, False
 
     def estimates(self) -> dict[str, Any]:
         """What the starts of the step just trained were paced by, for its record (paced

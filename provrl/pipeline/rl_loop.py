@@ -235,6 +235,9 @@ class RLLoop:
                 self.take(col.poll(0.05))
                 if fut is not None and fut.done():
                     result, stats = fut.result()
+                    self.admit.pacer.train_done()  # groups due in the save and load start now
+                    while col.queued < self.loop.concurrency and self.admit.may_start(len(in_training)):  # fmt: skip
+                        self.submit_next()
                     self.finish_step(result, stats, in_training, self.loop.hotload)
                     self.admit.pacer.trained(result.metrics.get("step_s"))  # train, save, load
                     # the published weights are in the engine now: don't hold them through

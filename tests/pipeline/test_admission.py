@@ -200,3 +200,31 @@ def test_a_steps_record_says_when_its_groups_started_and_finished(monkeypatch):
     pacer.trained()
     pacer.training([SimpleNamespace(trajectories=[SimpleNamespace(token_id=np.arange(10))])])  # type: ignore[list-item]  # fmt: skip
     assert pacer.estimates()["paced_starts_s"] == [] == pacer.estimates()["paced_finishes_s"]
+
+
+def test_a_start_due_during_the_save_and_hot_load_is_made_when_training_ends(monkeypatch):
+    """Dev run R: the save and hot-load hold the loop for c ≈ 12 s; once groups took less
+    than 2c (straddle 0.5), every start was due inside that window, so none was made until
+    the learner sat idle and no group spanned the swap. Trained, the step's due groups start
+    before the swap; without a straddle the pacing is as before."""
+    from types import SimpleNamespace
+
+    from provrl.pipeline import admission
+    from provrl.pipeline.admission import Pacer
+
+    now = {"t": 0.0}
+    monkeypatch.setattr(admission.time, "perf_counter", lambda: now["t"])
+    batch = [SimpleNamespace(trajectories=[SimpleNamespace(token_id=np.arange(1000))])]
+    for straddle, group_s in ((0.5, 16.0), (0.0, 8.0)):
+        pacer = Pacer(4, 2, paced=True, straddle=straddle)
+        pacer.s_per_token.update(0.04)  # 40 s of training for the batch's 1000 tokens
+        pacer.fixed_s.update(12.0)  # then 12 s of save and hot-load: T̂ = 52 s
+        pacer.group_time.update(group_s)  # a start is due at 52 − (1 − s) · group_s = 44 s
+        now["t"] = 0.0
+        pacer.training(batch)  # type: ignore[arg-type]
+        now["t"] = 40.0
+        assert not pacer.may_start(0)  # trained on time, but 44 s is inside the blocked window
+        pacer.train_done()
+        assert pacer.may_start(0) is (straddle > 0)  # no straddle: finish at the swap, as before
+        pacer.trained(40.0)
+        assert not pacer.loading
