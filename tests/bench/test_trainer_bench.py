@@ -71,10 +71,11 @@ def test_a_side_runs_one_step_and_its_memory_breakdown_adds_up(small_fixture, si
 
 EXACT = {"objective.correction": "on_policy", "advantages.eps": 1e-4, "autocast": "float32",
          "minibatches": 1, "epochs": 1, "advantages.std_normalise": True,
-         "advantages.batch_norm": "none"}  # fmt: skip
+         "advantages.batch_norm": "none", "objective.entropy_coef": 0.0}  # fmt: skip
 """provrl's step as the reference computes it: on-policy GRPO with group-std advantages (the
-default preset's Dr. GRPO is another advantage), one optimizer step, TRL's ε, float32 (bf16
-autocast rounds the two layouts differently)."""
+default preset's Dr. GRPO is another advantage), no entropy bonus (the default preset's is
+another term), one optimizer step, TRL's ε, float32 (bf16 autocast rounds the two layouts
+differently)."""
 
 
 @pytest.mark.parametrize(("side", "packing"), [("reference", "trie"), ("reference_plain", "none")])
