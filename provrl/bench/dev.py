@@ -36,7 +36,7 @@ from provrl.bench.learning import (
     compare,
     eval_args,
 )
-from provrl.pipeline.rundir import SESSIONS
+from provrl.pipeline.rundir import RunDir
 from provrl.trajlog import read_all
 
 STEP_KEYS = (
@@ -234,9 +234,8 @@ def run_dev(
 
 
 def run_sessions(run_dir: Path) -> int:
-    """How many times the run was started or resumed (lines of ``RUN/sessions.jsonl``)."""
-    f = run_dir / SESSIONS
-    return sum(1 for line in f.read_text().splitlines() if line.strip()) if f.is_file() else 0
+    """How many times the run was started or resumed (:meth:`RunDir.sessions`)."""
+    return len(RunDir(run_dir).sessions())
 
 
 def version_eval(run_dir: Path, eval_dir: Path) -> dict[str, Any]:

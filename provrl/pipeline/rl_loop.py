@@ -153,6 +153,11 @@ class RLLoop:
         self.collector.submit(task, self.loop.k, round=r, meta=self.curriculum.stamp(task.task_id, r))  # fmt: skip
         self.admit.started(group_key(task.task_id, r))
 
+    def admit_groups(self, in_training: int) -> None:
+        """Start groups while the engine has room and admission wants them."""
+        while self.collector.queued < self.loop.concurrency and self.admit.may_start(in_training):
+            self.submit_next()
+
     def take(self, finished: Sequence[Group]) -> None:
         """Finished groups: their evidence into the curriculum; those with signal to the
         ready queue, the others skipped (never trained) and counted."""
@@ -230,14 +235,12 @@ class RLLoop:
         in_training: list[Group] = []
         try:
             while self.state.steps < self.loop.steps:
-                while col.queued < self.loop.concurrency and self.admit.may_start(len(in_training)):
-                    self.submit_next()
+                self.admit_groups(len(in_training))
                 self.take(col.poll(0.05))
                 if fut is not None and fut.done():
                     result, stats = fut.result()
                     self.admit.pacer.train_done()  # groups due in the save and load start now
-                    while col.queued < self.loop.concurrency and self.admit.may_start(len(in_training)):  # fmt: skip
-                        self.submit_next()
+                    self.admit_groups(len(in_training))
                     self.finish_step(result, stats, in_training, self.loop.hotload)
                     self.admit.pacer.trained(result.metrics.get("step_s"))  # train, save, load
                     # the published weights are in the engine now: don't hold them through
