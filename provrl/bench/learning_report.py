@@ -92,14 +92,14 @@ def plot_learning(result: Mapping[str, Any], png: str | Path) -> Path:
             if m == "accuracy":
                 ax.set_ylim(-0.03, 1.03)
             ax.grid(axis="y", alpha=0.3)
-    axes[0][0].legend(loc="upper right", fontsize=8)
-    mean = result.get("mean", {})
-    gain = mean.get("accuracy_gain_points", math.nan)
-    cut = mean.get("tool_calls_solved_cut_frac", math.nan)
+    handles, labels = axes[0][0].get_legend_handles_labels()  # below the panels, off the data
+    fig.legend(handles, labels, loc="outside lower center", ncol=len(labels), fontsize=9)
+    gain = result.get("mean", {}).get("accuracy_gain_points", math.nan)
+    cuts = " / ".join(f"{100 * r.get('tool_calls_solved_cut_frac', math.nan):.0f}" for r in rows)
     fig.suptitle(
         f"bench learning, preset {result.get('preset', '?')}: {len(rows)} RL seeds from one warm "
-        f"start, k={result.get('eval_k', '?')}\nmean gain {gain:+.1f} points on test, "
-        f"tool calls per solved task {-100 * cut:+.0f} %",
+        f"start, k={result.get('eval_k', '?')}\nmean gain {gain:+.1f} points on test; tool calls "
+        f"per solved task cut {cuts} % (seed by seed)",
         fontsize=11,
     )
     out = Path(png)
