@@ -93,9 +93,9 @@ def recompute(
             mine = a[r.version[a] == v]
             if not a.size or not (mine.size or starts[i] == v or v == target_version):
                 continue
-            logits = ref.logits(r.token_id[:-1].tolist())  # row t−1 predicts token t
+            # row t−1 predicts token t: the LM head runs on the action rows only
+            rows = ref.logits(r.token_id[:-1].tolist(), rows=(a - 1).tolist())
             tok = r.token_id[a].tolist()
-            rows = logits[torch.as_tensor(a - 1)]
             law = ref.behaviour(rows, tok, r.params).logprob.double()
             if starts[i] == v:
                 logb["v_start"][i, a] = law

@@ -38,11 +38,15 @@ class Reference:
         self.model.load_state_dict(dict(state_dict), strict=False)
 
     @torch.no_grad()
-    def logits(self, ids: Sequence[int]) -> torch.Tensor:
+    def logits(self, ids: Sequence[int], rows: Sequence[int] | None = None) -> torch.Tensor:
         """Float32 logits [T, V] of a teacher-forced forward over ``ids``; row t predicts
-        ids[t + 1]."""
+        ids[t + 1]. With ``rows``, only those rows [len(rows), V] (the LM head runs on them
+        alone: HF ``logits_to_keep`` with indices; the decoder still runs on every token)."""
         x = torch.tensor([list(ids)], device=self.model.device)
-        return self.model(input_ids=x).logits[0].float().cpu()
+        if rows is None:
+            return self.model(input_ids=x).logits[0].float().cpu()
+        keep = torch.as_tensor(list(rows), dtype=torch.long, device=self.model.device)
+        return self.model(input_ids=x, logits_to_keep=keep).logits[0].float().cpu()
 
     @torch.no_grad()
     def logits_across(

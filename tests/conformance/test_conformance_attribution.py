@@ -58,3 +58,17 @@ def test_attribution_on_mixed_version_rollouts(tiny, engine_on):
     assert rows["on_policy"]["ess_frac"] == pytest.approx(1.0)
     assert rows["on_policy"]["clip_share_token"] == 0.0
     assert int(mask.sum()) == rows["exact"]["tokens"] == 24
+
+
+def test_reference_logits_of_chosen_rows_equal_the_full_forward(tiny):
+    """``Reference.logits(ids, rows)`` runs the LM head on those rows only: the same values as
+    the full forward's rows (what recompute reads at the action positions)."""
+    from provrl.conformance.reference import Reference
+
+    ref = Reference(tiny)
+    ids = chat_ids(tiny.tokenizer, [{"role": "user", "content": "Which ocean is the largest?"}])
+    rows = [0, 3, len(ids) - 1]
+    full = ref.logits(ids)
+    some = ref.logits(ids, rows=rows)
+    assert some.shape == (len(rows), full.shape[1])
+    assert np.allclose(some.numpy(), full[rows].numpy(), atol=1e-5)
