@@ -14,7 +14,11 @@ started from. A run prunes old checkpoints, so keep them for this measurement::
 
     python benchmarks/attribution.py --trajectories RUN/rl/trajectories.jsonl \\
         --ckpts RUN/rl --weights 0=RUN/warmstart/ckpt --model RUN/warmstart/ckpt \\
-        --out results/attribution.json
+        --steps RUN/rl/steps.jsonl --out results/attribution.json
+
+``--steps``: only the trajectories a step trained, each against the weights that step's
+correction saw (π_θ = π_prox, the learner's version before the update: step s makes version
+s, so s − 1); without it every logged trajectory against one ``--target`` (default newest).
 """
 
 from __future__ import annotations
@@ -33,6 +37,21 @@ def spans(versions: np.ndarray, is_action: np.ndarray) -> int:
     return len(set(versions[is_action].tolist()))
 
 
+def trained_targets(steps: str) -> dict[str, int]:
+    """traj_id → the learner's version before the step that trained it (``steps.jsonl``:
+    step s's record carries ``trained`` ids and the ``version`` s it made)."""
+    out: dict[str, int] = {}
+    with open(steps) as f:
+        for n, line in enumerate(f, 1):
+            rec = json.loads(line)
+            try:
+                made = int(rec["version"])
+                out.update({tid: made - 1 for tid in rec["trained"]})
+            except (KeyError, TypeError, ValueError) as e:
+                raise ValueError(f"{steps}:{n}: a step record needs 'version' and 'trained' ({e})") from e  # fmt: skip
+    return out
+
+
 def attribution(
     trajectories: str,
     weights: dict[int, str],
@@ -40,8 +59,10 @@ def attribution(
     target: int | None = None,
     cap: float = 2.0,
     limit: int | None = None,
+    steps: str | None = None,
 ) -> dict[str, Any]:
-    """The table (module docstring) for the first ``limit`` trajectories of the log."""
+    """The table (module docstring) for the first ``limit`` trajectories of the log (with
+    ``steps``: of the trained ones, each against its step's π_prox)."""
     import torch
 
     from provrl.conformance.attribution import Rollout, recompute, table
@@ -49,13 +70,23 @@ def attribution(
     from provrl.models.loading import load_model
     from provrl.trajlog import read_all
 
-    trajs = [t for t in read_all(trajectories) if t.is_action.any()][:limit]
+    trained = trained_targets(steps) if steps else None
+    trajs = [t for t in read_all(trajectories) if t.is_action.any()]
+    if trained is not None:
+        trajs = [t for t in trajs if t.traj_id in trained]
+    trajs = trajs[:limit]
     if not trajs:
-        raise ValueError(f"{trajectories}: no trajectory with an action token")
+        raise ValueError(f"{trajectories}: no trajectory with an action token" + (f" trained in {steps}" if steps else ""))  # fmt: skip
     rollouts = [Rollout.from_trajectory(t) for t in trajs]
     named = sorted({int(v) for r in rollouts for v in r.version[r.is_action]})
-    target = max(named) if target is None else target
-    missing = sorted({*named, target} - set(weights))
+    targets: int | list[int]
+    if trained is not None:
+        targets = [trained[t.traj_id] for t in trajs]
+        target_set = set(targets)
+    else:
+        targets = max(named) if target is None else target
+        target_set = {targets}
+    missing = sorted({*named, *target_set} - set(weights))
     if missing:
         raise ValueError(
             f"{trajectories}: no weights for version(s) {missing} (give --weights V=DIR or "
@@ -68,13 +99,13 @@ def attribution(
         return {k: torch.as_tensor(x) for k, x in sd.items()}
 
     multi = [i for i, r in enumerate(rollouts) if spans(r.version, r.is_action) >= 2]
-    rec = recompute(rollouts, lm, weights_of, target)
+    rec = recompute(rollouts, lm, weights_of, targets)
     out: dict[str, Any] = {
         "trajectories": len(rollouts),
         "spanning_two_or_more": len(multi),
         "spanning_share": len(multi) / len(rollouts),
         "versions": named,
-        "target_version": target,
+        "target_version": targets if trained is None else "per trained step: its version - 1",
         "table": table(rec, cap),
     }
     if multi:
@@ -93,6 +124,9 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     ap.add_argument("--target", type=int, default=None, help="π_θ's version (default: newest).")
     ap.add_argument("--cap", type=float, default=2.0, help="The cap C of the clip shares.")
     ap.add_argument("--limit", type=int, default=None, help="At most this many trajectories.")
+    ap.add_argument(
+        "--steps", default=None, help="RUN/rl/steps.jsonl: trained ones, each vs its π_prox."
+    )
     ap.add_argument("--out", default=None)
     ap.add_argument("--json", action="store_true", help="Print JSON only (always does).")
     a = ap.parse_args(argv)
@@ -113,7 +147,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     if model is None:
         raise SystemExit("--model: give the model (or --weights 0=DIR)")
     t0 = time.perf_counter()
-    result = attribution(a.trajectories, weights, model, a.target, a.cap, a.limit)
+    result = attribution(a.trajectories, weights, model, a.target, a.cap, a.limit, a.steps)
     result["wall_s"] = time.perf_counter() - t0
     if a.out:
         from provrl.bench.results import run_record, write_result

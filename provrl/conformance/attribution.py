@@ -64,12 +64,16 @@ def recompute(
     rollouts: Sequence[Rollout],
     lm: LoadedModel,
     weights_of: Callable[[int], Mapping[str, torch.Tensor]],
-    target_version: int,
+    target_version: int | Sequence[int],
 ) -> Recomputed:
     """Every method's behaviour log-probs and the target's (module docstring). Loads each
     needed version once (``weights_of(v)``: its state dict) and does one forward per
-    rollout per version it needs."""
+    rollout per version it needs. ``target_version``: π_θ's version, one for all rollouts
+    or one per rollout (e.g. the learner's version when the rollout was trained: π_prox)."""
     B = len(rollouts)
+    targets = [target_version] * B if isinstance(target_version, int) else list(target_version)
+    if len(targets) != B:
+        raise ValueError(f"recompute: {len(targets)} target versions for {B} rollouts")
     T = max(len(r.token_id) for r in rollouts)
     mask = torch.zeros(B, T, dtype=torch.bool)
     logp = torch.zeros(B, T, dtype=torch.float64)
@@ -86,12 +90,13 @@ def recompute(
             r.logprob[a], dtype=torch.float64
         )
     versions = {int(v) for r, a in zip(rollouts, acts, strict=True) for v in r.version[a]}
+    versions |= {int(v) for v in targets}
     ref = Reference(lm)
-    for v in sorted(versions | {target_version}):
+    for v in sorted(versions):
         ref.load(weights_of(v))
         for i, (r, a) in enumerate(zip(rollouts, acts, strict=True)):
             mine = a[r.version[a] == v]
-            if not a.size or not (mine.size or starts[i] == v or v == target_version):
+            if not a.size or not (mine.size or starts[i] == v or v == targets[i]):
                 continue
             # row t−1 predicts token t: the LM head runs on the action rows only
             rows = ref.logits(r.token_id[:-1].tolist(), rows=(a - 1).tolist())
@@ -101,7 +106,7 @@ def recompute(
                 logb["v_start"][i, a] = law
             if mine.size:
                 logb["v_token"][i, torch.as_tensor(mine)] = law[torch.as_tensor(np.isin(a, mine))]
-            if v == target_version:
+            if v == targets[i]:
                 plain = SamplingParams(temperature=r.params.temperature or 1.0)
                 logp[i, a] = ref.behaviour(rows, tok, plain).logprob.double()
     logb["on_policy"] = logp.clone()

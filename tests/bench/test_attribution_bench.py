@@ -45,3 +45,18 @@ def test_the_table_on_a_mixed_version_log(tiny, tmp_path):
     assert r["table"]["v_start"]["token_abs_err_max"] > 0.0
     assert r["table_spanning"]["on_policy"]["ess_frac"] == torch.tensor(1.0).item()
     assert out.is_file()
+
+    # --steps: only the trained trajectories, each against its step's π_prox (step s made
+    # version s, so s − 1): here step 2 trained t0, so π_θ is version 1 as above
+    steps = tmp_path / "steps.jsonl"
+    steps.write_text('{"step": 1, "version": 1, "trained": []}\n{"step": 2, "version": 2, "trained": ["t0"]}\n')  # fmt: skip
+    r2 = main(["--trajectories", str(log), "--model", "tiny", "--steps", str(steps),
+               "--weights", f"0={tmp_path / 'v0.safetensors'}",
+               "--weights", f"1={tmp_path / 'v1.safetensors'}"])  # fmt: skip
+    assert r2["trajectories"] == 1 and r2["table"] == r["table"]
+    steps.write_text('{"step": 1, "version": 1, "trained": ["t0"]}\n')  # π_prox = version 0
+    r3 = main(["--trajectories", str(log), "--model", "tiny", "--steps", str(steps),
+               "--weights", f"0={tmp_path / 'v0.safetensors'}",
+               "--weights", f"1={tmp_path / 'v1.safetensors'}"])  # fmt: skip
+    on0, on1 = r3["table"]["on_policy"], r["table"]["on_policy"]  # π_θ is now version 0
+    assert on0["token_abs_err_mean"] != on1["token_abs_err_mean"]
