@@ -99,7 +99,7 @@ def attribution(
         return {k: torch.as_tensor(x) for k, x in sd.items()}
 
     multi = [i for i, r in enumerate(rollouts) if spans(r.version, r.is_action) >= 2]
-    rec = recompute(rollouts, lm, weights_of, targets)
+    rec = recompute(rollouts, lm, weights_of, targets, progress=True)
     out: dict[str, Any] = {
         "trajectories": len(rollouts),
         "spanning_two_or_more": len(multi),

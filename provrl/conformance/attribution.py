@@ -27,6 +27,7 @@ from typing import Any
 
 import numpy as np
 import torch
+from tqdm import tqdm
 
 from provrl.conformance.reference import Reference
 from provrl.models.loading import LoadedModel
@@ -65,11 +66,13 @@ def recompute(
     lm: LoadedModel,
     weights_of: Callable[[int], Mapping[str, torch.Tensor]],
     target_version: int | Sequence[int],
+    progress: bool = False,
 ) -> Recomputed:
     """Every method's behaviour log-probs and the target's (module docstring). Loads each
     needed version once (``weights_of(v)``: its state dict) and does one forward per
     rollout per version it needs. ``target_version``: π_θ's version, one for all rollouts
-    or one per rollout (e.g. the learner's version when the rollout was trained: π_prox)."""
+    or one per rollout (e.g. the learner's version when the rollout was trained: π_prox).
+    ``progress``: a bar over the forwards (with ETA)."""
     B = len(rollouts)
     targets = [target_version] * B if isinstance(target_version, int) else list(target_version)
     if len(targets) != B:
@@ -92,12 +95,18 @@ def recompute(
     versions = {int(v) for r, a in zip(rollouts, acts, strict=True) for v in r.version[a]}
     versions |= {int(v) for v in targets}
     ref = Reference(lm)
-    for v in sorted(versions):
+    needs = {
+        v: [i for i, (r, a) in enumerate(zip(rollouts, acts, strict=True))
+            if a.size and (bool((r.version[a] == v).any()) or starts[i] == v or v == targets[i])]
+        for v in sorted(versions)
+    }  # fmt: skip
+    bar = tqdm(total=sum(map(len, needs.values())), desc="attribution forwards", disable=not progress)  # fmt: skip
+    for v, rows_of_v in needs.items():
         ref.load(weights_of(v))
-        for i, (r, a) in enumerate(zip(rollouts, acts, strict=True)):
+        for i in rows_of_v:
+            r, a = rollouts[i], acts[i]
             mine = a[r.version[a] == v]
-            if not a.size or not (mine.size or starts[i] == v or v == targets[i]):
-                continue
+            bar.update()
             # row t−1 predicts token t: the LM head runs on the action rows only
             rows = ref.logits(r.token_id[:-1].tolist(), rows=(a - 1).tolist())
             tok = r.token_id[a].tolist()
@@ -109,6 +118,7 @@ def recompute(
             if v == targets[i]:
                 plain = SamplingParams(temperature=r.params.temperature or 1.0)
                 logp[i, a] = ref.behaviour(rows, tok, plain).logprob.double()
+    bar.close()
     logb["on_policy"] = logp.clone()
     return Recomputed(logp, mask, logb)
 
