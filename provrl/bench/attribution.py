@@ -40,15 +40,15 @@ def spans(versions: np.ndarray, is_action: np.ndarray) -> int:
 def trained_targets(steps: str) -> dict[str, int]:
     """traj_id → the learner's version before the step that trained it (``steps.jsonl``:
     step s's record carries ``trained`` ids and the ``version`` s it made)."""
+    from provrl.pipeline.steplog import step_lines  # a torn last line skipped, a bad one named
+
     out: dict[str, int] = {}
-    with open(steps) as f:
-        for n, line in enumerate(f, 1):
-            rec = json.loads(line)
-            try:
-                made = int(rec["version"])
-                out.update({tid: made - 1 for tid in rec["trained"]})
-            except (KeyError, TypeError, ValueError) as e:
-                raise ValueError(f"{steps}:{n}: a step record needs 'version' and 'trained' ({e})") from e  # fmt: skip
+    for n, line in enumerate(step_lines(steps), 1):
+        rec = json.loads(line)
+        try:
+            out.update({tid: int(rec["version"]) - 1 for tid in rec["trained"]})
+        except (KeyError, TypeError, ValueError) as e:
+            raise ValueError(f"{steps}: record {n} needs 'version' and 'trained' ({e})") from e
     return out
 
 

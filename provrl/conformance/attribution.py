@@ -92,14 +92,11 @@ def recompute(
         logb["exact"][i, torch.as_tensor(a, dtype=torch.long)] = torch.as_tensor(
             r.logprob[a], dtype=torch.float64
         )
-    versions = {int(v) for r, a in zip(rollouts, acts, strict=True) for v in r.version[a]}
-    versions |= {int(v) for v in targets}
+    # the versions each rollout is forwarded under: its tokens', its start's and its target's
+    need = [{*map(int, r.version[a]), starts[i], int(targets[i])} if a.size else set()
+            for i, (r, a) in enumerate(zip(rollouts, acts, strict=True))]  # fmt: skip
+    needs = {v: [i for i in range(B) if v in need[i]] for v in sorted(set().union(*need))}
     ref = Reference(lm)
-    needs = {
-        v: [i for i, (r, a) in enumerate(zip(rollouts, acts, strict=True))
-            if a.size and (bool((r.version[a] == v).any()) or starts[i] == v or v == targets[i])]
-        for v in sorted(versions)
-    }  # fmt: skip
     bar = tqdm(total=sum(map(len, needs.values())), desc="attribution forwards", disable=not progress)  # fmt: skip
     for v, rows_of_v in needs.items():
         ref.load(weights_of(v))

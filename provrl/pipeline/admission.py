@@ -278,7 +278,7 @@ class Pacer:
             progress,
         )
         self.starts, self.finishes = [], []
-        self.predicted, self.loading = self.prior_step_s(), False
+        self.predicted = self.prior_step_s()
 
     def train_done(self) -> None:
         """The step in progress is trained; its save and hot-load, which hold the loop, come
