@@ -37,6 +37,7 @@ from provrl.bench.learning import (
     eval_args,
 )
 from provrl.pipeline.rundir import RunDir
+from provrl.pipeline.steplog import read_steps
 from provrl.trajlog import read_all
 
 STEP_KEYS = (
@@ -88,7 +89,7 @@ def teacher_calls(teacher_file: Path) -> dict[str, Any]:
 
 def rl_summary(rl_dir: Path) -> dict[str, Any]:
     """Over the run and per step: mixed-version, zero-signal, distinct and KV-stale shares."""
-    recs = [json.loads(x) for x in (rl_dir / "steps.jsonl").read_text().splitlines() if x.strip()]
+    recs = read_steps(rl_dir.parent)
     trained = sum(len(r.get("trained", [])) for r in recs)
     mixed = sum(int(r.get("mixed_version_trajectories", 0)) for r in recs)
     finished = sum(int(r.get("finished_groups", 0)) for r in recs)
@@ -111,31 +112,49 @@ def rl_summary(rl_dir: Path) -> dict[str, Any]:
     }
 
 
-def tier_blocks(log: Path, block: int = 4) -> dict[str, dict[str, dict[str, float]]]:
+def tier_blocks(log: Path, block: int = 4) -> dict[str, dict[str, dict[str, Any]]]:
     """The RL groups of the trajectory log by the block of ``block`` versions their oldest
-    action token was sampled under, and by tier: groups, accuracy and tool calls per episode
-    — when in a run a tier learned, or collapsed (``{"0-3": {"1": {...}}}``)."""
+    action token was sampled under, and by tier — when in a run a tier learned, or collapsed
+    (``{"0-3": {"1": {...}}}``). Per cell: groups, accuracy and tool calls per episode, the
+    share of groups whose rewards are all equal (``zero_signal_share``: no gradient), and per
+    number of tool calls n the episodes that made n (``calls_hist``) and their accuracy
+    (``accuracy_by_calls``): whether a one-hop task is answered after one search, and whether a
+    two-hop task answered after one is ever right."""
     groups: dict[str, list[Any]] = {}
     for t in read_all(log) if log.is_file() else []:
         groups.setdefault(str(t.meta.get("group", t.traj_id)), []).append(t)
-    cells: dict[tuple[int, str], list[tuple[float, float]]] = {}
+    cells: dict[tuple[int, str], list[list[Any]]] = {}
     for trajs in groups.values():
         acted = [t for t in trajs if t.num_actions]
         if not acted:
             continue
         v = min(int(t.version[t.is_action].min()) for t in acted) // block
-        n = len(trajs)
-        acc = sum(float(t.metrics.get("exact_match", 0.0)) for t in trajs) / n
-        calls = sum(float(t.metrics.get("num_tool_calls", 0.0)) for t in trajs) / n
-        cells.setdefault((v, str(trajs[0].meta.get("tier", 0))), []).append((acc, calls))
-    out: dict[str, dict[str, dict[str, float]]] = {}
-    for (v, tier), rows in sorted(cells.items()):
+        cells.setdefault((v, str(trajs[0].meta.get("tier", 0))), []).append(trajs)
+    out: dict[str, dict[str, dict[str, Any]]] = {}
+    for (v, tier), cell in sorted(cells.items()):
+        eps = [
+            (float(t.metrics.get("exact_match", 0.0)), int(t.metrics.get("num_tool_calls", 0)))
+            for trajs in cell
+            for t in trajs
+        ]
+        by_calls: dict[int, list[float]] = {}
+        for em, n in eps:
+            by_calls.setdefault(n, []).append(em)
+        equal = [len({t.reward for t in trajs}) <= 1 for trajs in cell]
         out.setdefault(f"{v * block}-{v * block + block - 1}", {})[tier] = {
-            "groups": len(rows),
-            "accuracy": float(np.mean([a for a, _ in rows])),
-            "tool_calls": float(np.mean([c for _, c in rows])),
+            "groups": len(cell),
+            "accuracy": _group_mean(cell, "exact_match"),
+            "tool_calls": _group_mean(cell, "num_tool_calls"),
+            "zero_signal_share": float(np.mean(equal)),
+            "calls_hist": {str(n): len(x) for n, x in sorted(by_calls.items())},
+            "accuracy_by_calls": {str(n): float(np.mean(x)) for n, x in sorted(by_calls.items())},
         }
     return out
+
+
+def _group_mean(cell: list[list[Any]], metric: str) -> float:
+    """A metric averaged over each group's episodes, then over the groups."""
+    return float(np.mean([np.mean([float(t.metrics.get(metric, 0.0)) for t in g]) for g in cell]))
 
 
 def summarize_run(run_dir: str | Path) -> dict[str, Any]:

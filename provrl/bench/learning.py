@@ -33,6 +33,7 @@ import numpy as np
 from scipy import stats
 
 from provrl.pipeline.stages import paired_difference
+from provrl.pipeline.steplog import read_steps
 from provrl.trajlog import read_all
 
 SHARED_STAGES = ("world", "warmstart", "probe", "filter")
@@ -122,12 +123,9 @@ def compare(warm: dict[str, Any], rl: dict[str, Any]) -> dict[str, Any]:
 
 def mixed_version_frac(rl_dir: Path) -> float:
     """Trained trajectories whose action tokens span ≥ 2 versions, over all trained."""
-    mixed = trained = 0
-    for line in (rl_dir / "steps.jsonl").read_text().splitlines():
-        if line.strip():
-            rec = json.loads(line)
-            mixed += int(rec.get("mixed_version_trajectories", 0))
-            trained += len(rec.get("trained", []))
+    recs = read_steps(rl_dir.parent)
+    mixed = sum(int(r.get("mixed_version_trajectories", 0)) for r in recs)
+    trained = sum(len(r.get("trained", [])) for r in recs)
     return mixed / trained if trained else 0.0
 
 

@@ -51,13 +51,13 @@ def _steps(rl_dir, recs):
 
 
 def test_rl_summary_counts_trained_trajectories_not_steps(tmp_path):
-    _steps(tmp_path, [
+    _steps(tmp_path / "rl", [
         {"step": 1, "trained": ["a", "b", "c", "d"], "mixed_version_trajectories": 0,
          "finished_groups": 3, "zero_signal_groups": 2, "distinct_share": 0.5},
         {"step": 2, "trained": ["e", "f"], "mixed_version_trajectories": 2,
          "finished_groups": 1, "zero_signal_groups": 0, "distinct_share": 1.0},
     ])  # fmt: skip
-    s = rl_summary(tmp_path)
+    s = rl_summary(tmp_path / "rl")
     assert s["steps"] == 2 and s["trained_trajectories"] == 6
     assert s["mixed_version_frac"] == pytest.approx(2 / 6)
     assert s["steps_with_mixed"] == 1
@@ -151,9 +151,30 @@ def test_groups_are_counted_by_version_block_and_tier(tmp_path):
     ])  # fmt: skip
     blocks = tier_blocks(f)
     assert list(blocks) == ["0-3", "4-7"]
-    assert blocks["0-3"]["2"] == {"groups": 1, "accuracy": 0.5, "tool_calls": 1.5}
+    two = blocks["0-3"]["2"]
+    assert (two["groups"], two["accuracy"], two["tool_calls"]) == (1, 0.5, 1.5)
     assert blocks["0-3"]["1"]["accuracy"] == 1.0
-    assert blocks["4-7"]["2"] == {"groups": 1, "accuracy": 0.0, "tool_calls": 1.0}
+    late = blocks["4-7"]["2"]
+    assert (late["groups"], late["accuracy"], late["tool_calls"]) == (1, 0.0, 1.0)
+
+
+def test_a_blocks_search_counts_and_signal_are_per_tier(tmp_path):
+    """Per cell: how many episodes made n calls and how often they were right, and the share
+    of groups whose rewards are all equal (no gradient)."""
+    f = tmp_path / "rl" / "trajectories.jsonl"
+    _write(f, [
+        _traj("a0", "t1", 0, {"group": "t1#r1", "tier": 2}, exact_match=1, num_tool_calls=2),
+        _traj("a1", "t1", 0, {"group": "t1#r1", "tier": 2}, exact_match=0, num_tool_calls=1),
+        _traj("a2", "t1", 0, {"group": "t1#r1", "tier": 2}, exact_match=0, num_tool_calls=1),
+        _traj("b0", "t2", 1, {"group": "t2#r1", "tier": 2}, exact_match=0, num_tool_calls=1),
+        _traj("b1", "t2", 1, {"group": "t2#r1", "tier": 2}, exact_match=0, num_tool_calls=1),
+        _traj("c0", "t3", 0, {"group": "t3#r1", "tier": 2}, exact_match=1, num_tool_calls=2),
+    ])  # fmt: skip
+    cell = tier_blocks(f)["0-3"]["2"]
+    assert cell["groups"] == 3 and cell["zero_signal_share"] == pytest.approx(2 / 3)
+    assert cell["calls_hist"] == {"1": 4, "2": 2}
+    assert cell["accuracy_by_calls"] == {"1": 0.0, "2": 1.0}
+    assert cell["accuracy"] == pytest.approx((1 / 3 + 0 + 1) / 3)  # per group, then averaged
 
 
 def test_a_resumed_runs_sessions_are_counted(tmp_path):
