@@ -104,27 +104,8 @@ def test_balanced_tiers_give_the_smaller_tier_as_many_groups():
 
 def test_least_started_tier_breaks_ties_by_the_lower_tier():
     kept, tier = ["a", "b", "c"], {"a": 2, "b": 1, "c": 2}
-    assert least_started_tier(kept, {}, tier) == ["b"]
-    assert least_started_tier(kept, {1: 3, 2: 2}, tier) == ["a", "c"]
-    assert least_started_tier(["a"], {1: 0, 2: 5}, tier) == ["a"]  # only tiers with a kept task
-
-
-def test_balance_alternates_from_the_first_group_after_the_probe():
-    """The probe's round is not the loop's: with six tier-1 and two tier-2 kept tasks, each
-    probed once, the loop alternates tiers from its first group (counting the probe's round,
-    tier 2 would get the first four groups, until 2 + 4 = 6)."""
-    tasks = _tasks(6) + [
-        Task(f"u{i}", "train", 2, "two_hop", f"q{i}?", f"b{i}", [], f"f{i}", [], 2)
-        for i in range(2)
-    ]
-    from provrl.rollout.collector import Group
-
-    cfg = CFG.model_copy(update={"reprobe_every": 0, "balance_tiers": True})
-    probe = [Group(t, 0, _samples(t, 0, 4, 8)) for t in tasks]  # K = 4 of 8: all kept
-    cur = Curriculum.restored(tasks, cfg, 3, probe, [], k=8, version=0)
-    tiers = [cur.next_task()[0].tier for _ in range(8)]
-    assert tiers == [1, 2] * 4
-    assert cur.loop_starts() == {1: 4, 2: 4}
+    assert least_started_tier(kept, {"a": 0, "b": 0, "c": 0}, tier) == ["b"]
+    assert least_started_tier(kept, {"a": 1, "b": 3, "c": 1}, tier) == ["a", "c"]
 
 
 def test_unknown_task_and_empty_curriculum_are_refused():
