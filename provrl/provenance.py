@@ -446,6 +446,14 @@ class TrajectoryBuilder:
         """Action tokens added so far."""
         return sum(int(chunk.sum()) for chunk in self._chunks["is_action"])
 
+    @property
+    def first_action_version(self) -> int | None:
+        """The version that sampled the first action token added (None: no action yet)."""
+        for act, ver in zip(self._chunks["is_action"], self._chunks["version"], strict=True):
+            if act.any():
+                return int(ver[np.argmax(act)])
+        return None
+
     def _append(self, kind: SegmentKind, cols: dict[str, Any]) -> None:
         n = len(cols["token_id"])
         if n == 0:

@@ -260,6 +260,14 @@ class AgentConfig(Section):
         "calls). Rewards reaching the answer with fewer searches without making failure "
         "cheaper than success (needs c · max_tool_calls < 1). Typical 0.05-0.15; 0 = off.",
     )
+    tool_call_cost_warmup: int = Field(
+        0,
+        ge=0,
+        description="Policy versions over which the call cost rises linearly from 0 to "
+        "tool_call_cost: an episode whose first action was sampled under version v pays "
+        "c · min(1, v / W) per call (rewards.call_cost_at), so RL first learns to answer, then "
+        "to answer with fewer calls. 0 = the full cost from the start.",
+    )
 
     rewards: tuple[str, ...] = Field(
         (),
@@ -324,6 +332,11 @@ class AgentConfig(Section):
             raise ValueError(
                 f"tool_call_cost={self.tool_call_cost} × max_tool_calls={self.max_tool_calls} "
                 "≥ 1: a successful episode could score below a failed one"
+            )
+        if self.tool_call_cost_warmup and self.rewards:
+            raise ValueError(
+                "tool_call_cost_warmup schedules the built-in reward's call cost: with "
+                "env.agent.rewards give the cost in your reward functions instead"
             )
         return self
 

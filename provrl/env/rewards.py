@@ -89,6 +89,17 @@ def reward(
     return score - (0.0 if format_ok else format_penalty)
 
 
+def call_cost_at(cost: float, warmup: int, version: int) -> float:
+    """The per-call cost of an episode whose first action was sampled under ``version``:
+
+        c(v) = c · min(1, v / W)   (W = ``warmup``; W = 0: c from the start),
+
+    a cost that rises over the first W policy versions (``env.agent.tool_call_cost_warmup``)."""
+    if warmup <= 0:
+        return cost
+    return cost * min(1.0, max(0, version) / warmup)
+
+
 def contains_answer(text: str, answers: Iterable[str]) -> bool:
     """Whether any normalised answer occurs as whole words in the normalised ``text``."""
     t = f" {normalize_answer(text)} "

@@ -89,6 +89,11 @@ def manifest(
             "kind": a.reward,
             "format_penalty": a.format_penalty,
             "tool_call_cost": a.tool_call_cost,
+            **(
+                {"tool_call_cost_warmup": a.tool_call_cost_warmup}
+                if a.tool_call_cost_warmup
+                else {}
+            ),
         },
         "k": k,
         "seed": seed,

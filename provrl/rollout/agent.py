@@ -49,6 +49,7 @@ from provrl.env.protocol import Call, Malformed, parse, stop_strings
 from provrl.env.rewards import (
     Episode,
     RewardSum,
+    call_cost_at,
     exact_match,
     reward,
     reward_sum,
@@ -386,6 +387,7 @@ def run_episode(
         truncated=n.truncated_obs,
     )
     if env.rewards is None:
+        cost = call_cost_at(a.tool_call_cost, a.tool_call_cost_warmup, b.first_action_version or 0)
         score = reward(
             answer,
             task.answers,
@@ -393,8 +395,10 @@ def run_episode(
             format_ok=format_ok,
             format_penalty=a.format_penalty,
             tool_calls=n.tool_calls,
-            tool_call_cost=a.tool_call_cost,
+            tool_call_cost=cost,
         )
+        if a.tool_call_cost_warmup:
+            metrics["tool_call_cost"] = cost
     else:  # the weighted sum of env.agent.rewards, each function's score in the metrics
         episode = Episode(
             task,

@@ -4,7 +4,16 @@ from __future__ import annotations
 
 import pytest
 
-from provrl.env.rewards import contains_answer, exact_match, normalize_answer, reward, token_f1
+from provrl.env.config import AgentConfig
+from provrl.env.rewards import (
+    call_cost_at,
+    contains_answer,
+    exact_match,
+    normalize_answer,
+    reward,
+    token_f1,
+)
+from provrl.provenance import TrajectoryBuilder
 
 
 def test_normalize():
@@ -114,3 +123,26 @@ def test_unknown_and_imported_reward_names():
         reward_function("no_such_module_x:f", lambda e: 0.0)
     fn = reward_function("reward_fixture:one_per_turn", lambda e: 0.0)
     assert fn(_episode()) == 1.0
+
+
+def test_the_call_cost_rises_over_its_warmup_versions():
+    """c(v) = c · min(1, v / W): nothing at version 0, half at W / 2, all from W on; W = 0 is
+    the full cost from the start."""
+    assert [call_cost_at(0.2, 4, v) for v in (0, 2, 4, 9)] == pytest.approx([0, 0.1, 0.2, 0.2])
+    assert call_cost_at(0.2, 0, 0) == 0.2
+    # a correct answer after two calls, at version 1 of a 4-version warmup
+    assert reward("x", ["x"], tool_calls=2, tool_call_cost=call_cost_at(0.2, 4, 1)) == 0.9
+
+
+def test_the_first_action_version_is_the_episodes_start():
+    b = TrajectoryBuilder("t", "task")
+    assert b.first_action_version is None
+    b.add_prompt([1, 2])
+    b.add_actions([3], logprob=[-0.1], kept_mass=[1.0], version=[5], kv_min=[5], kv_max=[5], replica=0)  # fmt: skip
+    b.add_actions([4], logprob=[-0.1], kept_mass=[1.0], version=[6], kv_min=[5], kv_max=[6], replica=0)  # fmt: skip
+    assert b.first_action_version == 5
+
+
+def test_a_cost_warmup_needs_the_built_in_reward():
+    with pytest.raises(ValueError, match="tool_call_cost_warmup"):
+        AgentConfig(tool_call_cost=0.1, tool_call_cost_warmup=5, rewards=("em",))

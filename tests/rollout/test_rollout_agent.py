@@ -241,6 +241,20 @@ def test_episode_prompt_follows_the_task(engine, tiny, small_world, small_search
         assert f"Question: {t.question}" in prompt
 
 
+def test_an_episode_pays_the_call_cost_of_its_start_version(
+    engine, tiny, small_world, small_search
+):
+    """env.agent.tool_call_cost_warmup: the cost an episode pays follows the version of its
+    first action token (the engine's, 0 here) and is recorded in its metrics."""
+    env = make_env(engine, tiny, small_search, tool_call_cost=0.1, tool_call_cost_warmup=4)
+    tr = run_episode(env, load_split(small_world, "dev")[0], traj_id="w0", seed=0)
+    assert int(tr.version[tr.is_action][0]) == engine.version == 0
+    assert tr.metrics["tool_call_cost"] == 0.0
+    full = run_episode(make_env(engine, tiny, small_search, tool_call_cost=0.1),
+                       load_split(small_world, "dev")[0], traj_id="w1", seed=0)  # fmt: skip
+    assert "tool_call_cost" not in full.metrics
+
+
 def test_reward_functions_score_the_episode_and_are_recorded(
     engine, tiny, small_world, small_search
 ):
