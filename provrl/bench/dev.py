@@ -35,6 +35,7 @@ from provrl.bench.learning import (
     _run,
     compare,
     eval_args,
+    repeated_call,
 )
 from provrl.pipeline.rundir import RunDir
 from provrl.pipeline.steplog import read_steps
@@ -119,7 +120,8 @@ def tier_blocks(log: Path, block: int = 4) -> dict[str, dict[str, dict[str, Any]
     share of groups whose rewards are all equal (``zero_signal_share``: no gradient), and per
     number of tool calls n the episodes that made n (``calls_hist``) and their accuracy
     (``accuracy_by_calls``): whether a one-hop task is answered after one search, and whether a
-    two-hop task answered after one is ever right."""
+    two-hop task answered after one is ever right; and the share of episodes that repeated a
+    call they had already made (``repeat_share``, :func:`provrl.bench.learning.repeated_call`)."""
     groups: dict[str, list[Any]] = {}
     for t in read_all(log) if log.is_file() else []:
         groups.setdefault(str(t.meta.get("group", t.traj_id)), []).append(t)
@@ -148,6 +150,7 @@ def tier_blocks(log: Path, block: int = 4) -> dict[str, dict[str, dict[str, Any]
             "zero_signal_share": float(np.mean(equal)),
             "calls_hist": {str(n): len(x) for n, x in sorted(by_calls.items())},
             "accuracy_by_calls": {str(n): float(np.mean(x)) for n, x in sorted(by_calls.items())},
+            "repeat_share": float(np.mean([repeated_call(t) for trajs in cell for t in trajs])),
         }
     return out
 

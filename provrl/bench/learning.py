@@ -34,6 +34,7 @@ from scipy import stats
 
 from provrl.pipeline.stages import paired_difference
 from provrl.pipeline.steplog import read_steps
+from provrl.rollout.agent import call_key
 from provrl.trajlog import read_all
 
 SHARED_STAGES = ("world", "warmstart", "probe", "filter")
@@ -58,6 +59,7 @@ def _eval_summary(eval_dir: Path) -> dict[str, Any]:
     by_task: dict[str, list[float]] = {}
     tier_of: dict[str, int] = {}
     calls: dict[int, list[float]] = {}
+    repeats: dict[int, list[bool]] = {}
     for t in trajs:
         em = float(t.metrics.get("exact_match", 0.0))
         by_task.setdefault(t.task_id, []).append(em)
@@ -65,6 +67,7 @@ def _eval_summary(eval_dir: Path) -> dict[str, Any]:
         tier_of[t.task_id] = tier
         if em > 0:
             calls.setdefault(tier, []).append(float(t.metrics.get("num_tool_calls", 0.0)))
+            repeats.setdefault(tier, []).append(repeated_call(t))
     acc = {k: float(np.mean(v)) for k, v in by_task.items()}
     tiers = sorted(set(tier_of.values()))
     return {
@@ -78,11 +81,20 @@ def _eval_summary(eval_dir: Path) -> dict[str, Any]:
                 "accuracy": float(np.mean([a for t, a in acc.items() if tier_of[t] == k])),
                 "tool_calls_solved": float(np.mean(calls[k])) if k in calls else math.nan,
                 "tool_calls_solved_hist": calls_histogram(calls.get(k, [])),
+                "repeat_share_solved": float(np.mean(repeats[k])) if k in repeats else math.nan,
                 "tasks": sum(tier_of[t] == k for t in acc),
             }
             for k in tiers
         },
     }
+
+
+def repeated_call(t: Any) -> bool:
+    """Whether the episode repeated a search or open it had already made (the same tool and
+    argument up to case and spacing, :func:`provrl.rollout.agent.call_key`), read from its
+    calls, so logs from before ``num_repeat_calls`` count too."""
+    seen = [call_key(c.name, c.arguments) for c in t.tool_calls if c.name in ("search", "open")]
+    return len(seen) != len(set(seen))
 
 
 def calls_histogram(calls: Sequence[float]) -> dict[str, int]:
@@ -110,6 +122,8 @@ def compare(warm: dict[str, Any], rl: dict[str, Any]) -> dict[str, Any]:
             - r.get("tool_calls_solved", math.nan) / w["tool_calls_solved"],
             "warmstart_tool_calls_solved_hist": w.get("tool_calls_solved_hist", {}),
             "rl_tool_calls_solved_hist": r.get("tool_calls_solved_hist", {}),
+            "warmstart_repeat_share_solved": w.get("repeat_share_solved", math.nan),
+            "rl_repeat_share_solved": r.get("repeat_share_solved", math.nan),
             "tasks": w["tasks"],
         }
     return {

@@ -205,6 +205,14 @@ class AgentConfig(Section):
     )
     max_turns: int = Field(8, ge=1, description="Maximum assistant turns per episode.")
     max_tool_calls: int = Field(6, ge=0, description="Maximum search/open calls per episode.")
+    repeat_calls: Literal["run", "note"] = Field(
+        "run",
+        description="A search or open identical to one the episode already ran successfully "
+        "(same tool, same argument up to case and spacing): run (run it again: the same "
+        "results, another call) or note (not run: the observation says it was already made and "
+        "that its results are above; it still counts as a call, toward max_tool_calls and the "
+        "call cost). Either way the trajectory's num_repeat_calls counts it.",
+    )
     max_malformed: int = Field(
         2,
         ge=1,

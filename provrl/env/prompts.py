@@ -172,6 +172,16 @@ def format_error(message: str) -> str:
     return f"<information>\nError: {message}\n</information>"
 
 
+def format_repeat(name: str, argument: str) -> str:
+    """What a repeated call sees under ``env.agent.repeat_calls: note``: it was not run, and
+    its results are already in the context."""
+    did = f'searched for "{argument}"' if name == "search" else f"opened {argument}"
+    return (
+        f"<information>\nAlready {did}: the results are above. "
+        "Search for something else, or give your <answer>.\n</information>"
+    )
+
+
 def build_messages(
     question: str,
     protocol: str,

@@ -84,6 +84,7 @@ def manifest(
             "protocol": a.protocol,
             "shots": a.shots,
             "observation_role": a.observation_role,
+            **({"repeat_calls": a.repeat_calls} if a.repeat_calls != "run" else {}),
         },
         "reward": {
             "kind": a.reward,

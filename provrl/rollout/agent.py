@@ -44,6 +44,7 @@ from provrl.env.prompts import (
     format_document,
     format_error,
     format_hits,
+    format_repeat,
 )
 from provrl.env.protocol import Call, Malformed, parse, stop_strings
 from provrl.env.rewards import (
@@ -205,6 +206,9 @@ def _params(env: AgentEnv, max_new: int, seed: int) -> SamplingParams:
 
 CALL_LIMIT = "tool call limit"
 """The error of a well-formed call refused for ``max_tool_calls`` (not a tool failure)."""
+REPEATED = "repeated call"
+"""The error of a call not run under ``env.agent.repeat_calls: note``: the episode already ran
+it (not a tool failure)."""
 QUERY_REFUSED = "query refused"
 """How the error of a call the tool refused for the query's own bounds begins
 (:class:`~provrl.env.search.QueryError`: too long, too many terms): the policy's fault, not
@@ -212,8 +216,9 @@ a tool failure."""
 
 
 def tool_ran(call: ToolCall) -> bool:
-    """A search or open call that reached the tool (not refused for the call limit)."""
-    return call.name in ("search", "open") and call.error != CALL_LIMIT
+    """A search or open call that reached the tool (not refused for the call limit, not a
+    repeat left unrun)."""
+    return call.name in ("search", "open") and call.error not in (CALL_LIMIT, REPEATED)
 
 
 def tool_failed(call: ToolCall) -> bool:
@@ -236,6 +241,12 @@ def tool_failures(trajs: Iterable[Trajectory]) -> dict[str, Any]:
                 errors += tool_failed(c)
     rate = errors / run if run else 0.0
     return {"tool_calls_run": run, "tool_errors": errors, "tool_error_rate": rate}
+
+
+def call_key(name: str, argument: str) -> tuple[str, str]:
+    """What makes two calls the same call: the tool and its argument up to case and spacing
+    (the search backends match case-insensitively, so these return the same results)."""
+    return name, " ".join(argument.casefold().split())
 
 
 def run_tool(env: AgentEnv, call: Call) -> tuple[str, ToolCall]:
@@ -270,6 +281,10 @@ class EpisodeCounts:
     """Malformed turns in a row (``max_malformed`` of them end the episode)."""
     truncated_obs: int = 0
     """Tool results cut to ``max_observation_tokens``."""
+    repeats: int = 0
+    """Search/open calls identical to one already run (:func:`call_key`), run or not."""
+    ran: dict[tuple[str, str], int] = field(default_factory=dict)
+    """The turn of each call the tool ran successfully, by :func:`call_key`."""
     t_gen: float = 0.0
     """Seconds waiting for the engine."""
     t_tools: float = 0.0
@@ -343,13 +358,24 @@ def run_episode(
                 b.add_tool_call(ToolCall(turn, parsed.name, parsed.argument, False, CALL_LIMIT))
                 obs = format_error("tool call limit reached: give your <answer> now")
             else:  # search / open: run the tool (failures become error observations)
-                obs, call = run_tool(env, parsed)
-                n.t_tools += call.latency_s
+                key = call_key(parsed.name, parsed.argument)
+                first = n.ran.get(key)
+                n.repeats += first is not None
                 n.searches += parsed.name == "search"
                 n.opens += parsed.name == "open"
-                b.add_tool_call(
-                    ToolCall(turn, call.name, call.arguments, call.ok, call.error, call.latency_s)
-                )
+                if first is not None and a.repeat_calls == "note":  # not run: say where it is
+                    obs = format_repeat(parsed.name, parsed.argument)
+                    b.add_tool_call(ToolCall(turn, parsed.name, parsed.argument, False, REPEATED))
+                else:
+                    obs, call = run_tool(env, parsed)
+                    n.t_tools += call.latency_s
+                    if call.ok:
+                        n.ran.setdefault(key, turn)
+                    b.add_tool_call(
+                        ToolCall(
+                            turn, call.name, call.arguments, call.ok, call.error, call.latency_s
+                        )
+                    )
             turn += 1
             if turn >= a.max_turns:
                 finish = "max_turns"
@@ -385,6 +411,7 @@ def run_episode(
         malformed=n.malformed,
         turns=n.turns,
         truncated=n.truncated_obs,
+        repeats=n.repeats,
     )
     if env.rewards is None:
         cost = call_cost_at(a.tool_call_cost, a.tool_call_cost_warmup, b.first_action_version or 0)
@@ -505,6 +532,7 @@ def _metrics(
     malformed: int,
     turns: int,
     truncated: int,
+    repeats: int = 0,
     answered: bool | None = None,
 ) -> dict[str, float]:
     """The per-trajectory metrics shared by model episodes and oracle traces."""
@@ -520,6 +548,7 @@ def _metrics(
         "turns": float(turns),
         "answered": float(answer is not None if answered is None else answered),
         "truncated_observations": float(truncated),
+        "num_repeat_calls": float(repeats),
         "min_searches": float(task.min_searches),
         "tier": float(task.tier),
     }

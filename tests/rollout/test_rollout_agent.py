@@ -16,11 +16,13 @@ from provrl.env.oracle import run_oracle
 from provrl.env.protocol import Call
 from provrl.provenance import Identity
 from provrl.rollout.agent import (
+    REPEATED,
     AgentEnv,
     ObservationCodec,
     oracle_trajectory,
     run_episode,
     run_tool,
+    tool_ran,
     tools_identity,
 )
 from provrl.train.logprobs import token_logprobs
@@ -282,3 +284,63 @@ def test_reward_functions_score_the_episode_and_are_recorded(
     assert [m["role"] for m in completion] == ["assistant", "user"] * 3 + ["assistant"]
     prompt_len = tr.segments[0].end
     assert ids == tr.token_id[prompt_len:].tolist()
+
+
+class Scripted:
+    """A policy that says the given turns in order (its text is the test's input; the
+    environment, the tools and the trajectory bookkeeping under test are the real ones)."""
+
+    version = 0
+
+    def __init__(self, tokenizer, turns):
+        self.tok, self.turns = tokenizer, list(turns)
+
+    def _turn(self, rid):
+        from concurrent.futures import Future
+
+        from provrl.engine.api import TurnOutput
+
+        ids = self.tok.encode(self.turns.pop(0), add_special_tokens=False)
+        zeros = np.zeros(len(ids), np.int32)
+        out = TurnOutput(rid, ids, np.zeros(len(ids), np.float32), np.ones(len(ids), np.float32),
+                         zeros, zeros, zeros, 0, "stop")  # fmt: skip
+        fut: Future = Future()
+        fut.set_result(out)
+        return fut
+
+    def submit(self, prompt_ids, params, *, request_id=None):
+        return self._turn(request_id)
+
+    def submit_continue(self, request_id, extra_ids, params):
+        return self._turn(request_id)
+
+    def release(self, request_id):
+        pass
+
+
+@pytest.mark.parametrize("mode", ["run", "note"])
+def test_a_repeated_call_is_counted_and_under_note_not_run(tiny, small_world, small_search, mode):
+    """env.agent.repeat_calls: the same search again (case and spacing aside) counts in
+    num_repeat_calls either way; under note it is not run, the observation says where its
+    results are, and it still counts as a call (toward the cap and the cost)."""
+    task = load_split(small_world, "dev")[0]
+    q = task.oracle[0].query
+    turns = [f"<search>{q}</search>", f"<search> {q.upper()}  </search>",
+             f"<search>{q} extra</search>", f"<answer>{task.answers[0]}</answer>"]  # fmt: skip
+    env = make_env(Scripted(tiny.tokenizer, turns), tiny, small_search, repeat_calls=mode,
+                   tool_call_cost=0.1, max_tool_calls=4, max_turns=6)  # fmt: skip
+    tr = run_episode(env, task, traj_id=f"rep-{mode}", seed=0)
+    calls = tr.tool_calls
+    assert [c.name for c in calls] == ["search", "search", "search", "answer"]
+    assert tr.metrics["num_repeat_calls"] == 1.0
+    assert tr.metrics["num_tool_calls"] == 3.0  # the repeat is a call the agent made
+    assert tr.reward == pytest.approx(1 - 0.1 * 3)
+    second = tiny.tokenizer.decode(tr.token_id[tr.segments[4].start : tr.segments[4].end])
+    first = tiny.tokenizer.decode(tr.token_id[tr.segments[2].start : tr.segments[2].end])
+    if mode == "note":
+        assert calls[1].error == REPEATED and not tool_ran(calls[1])
+        assert "Already searched for" in second and "results are above" in second
+    else:
+        assert calls[1].ok and tool_ran(calls[1])
+        assert second.split("<information>")[1] == first.split("<information>")[1]
+    assert calls[2].ok and tool_ran(calls[2])  # a different query runs
