@@ -94,6 +94,9 @@ def summarize(tasks: Sequence[Task], trajs: Sequence[Trajectory], k: int) -> dic
             "mean_malformed_calls": m("malformed_calls"),
             "answered_rate": m("answered"),
             "searched_rate": float(np.mean([x.metrics["num_searches"] > 0 for x in samples])),
+            "repeat_rate": float(
+                np.mean([x.metrics.get("num_repeat_calls", 0) > 0 for x in samples])
+            ),
             **tool_failures(samples),
             "K_histogram": {str(j): int(v) for j, v in enumerate(hist)},
         }

@@ -344,3 +344,6 @@ def test_a_repeated_call_is_counted_and_under_note_not_run(tiny, small_world, sm
         assert calls[1].ok and tool_ran(calls[1])
         assert second.split("<information>")[1] == first.split("<information>")[1]
     assert calls[2].ok and tool_ran(calls[2])  # a different query runs
+    from provrl.rollout.evaluate import summarize
+
+    assert summarize([task], [tr], 1)["repeat_rate"] == 1.0  # the eval report's column
