@@ -249,6 +249,24 @@ def call_key(name: str, argument: str) -> tuple[str, str]:
     return name, " ".join(argument.casefold().split())
 
 
+def repeat_count(calls: Iterable[ToolCall]) -> int:
+    """Search/open calls identical (:func:`call_key`) to an earlier one the tool ran
+    successfully, run again or not (``env.agent.repeat_calls``); calls refused for the call
+    limit never count: the episode's ``num_repeat_calls``, read from its calls rather than
+    counted beside them."""
+    ran: set[tuple[str, str]] = set()
+    n = 0
+    for c in calls:
+        if c.name not in ("search", "open") or c.error == CALL_LIMIT:
+            continue
+        key = call_key(c.name, c.arguments)
+        if key in ran:
+            n += 1
+        elif c.ok:
+            ran.add(key)
+    return n
+
+
 def run_tool(env: AgentEnv, call: Call) -> tuple[str, ToolCall]:
     """Execute a search/open call; failures become error observations, never exceptions."""
     t0 = time.perf_counter()
@@ -281,10 +299,8 @@ class EpisodeCounts:
     """Malformed turns in a row (``max_malformed`` of them end the episode)."""
     truncated_obs: int = 0
     """Tool results cut to ``max_observation_tokens``."""
-    repeats: int = 0
-    """Search/open calls identical to one already run (:func:`call_key`), run or not."""
-    ran: dict[tuple[str, str], int] = field(default_factory=dict)
-    """The turn of each call the tool ran successfully, by :func:`call_key`."""
+    ran: set[tuple[str, str]] = field(default_factory=set)
+    """The calls the tool ran successfully, by :func:`call_key` (what a repeat repeats)."""
     t_gen: float = 0.0
     """Seconds waiting for the engine."""
     t_tools: float = 0.0
@@ -359,18 +375,16 @@ def run_episode(
                 obs = format_error("tool call limit reached: give your <answer> now")
             else:  # search / open: run the tool (failures become error observations)
                 key = call_key(parsed.name, parsed.argument)
-                first = n.ran.get(key)
-                n.repeats += first is not None
                 n.searches += parsed.name == "search"
                 n.opens += parsed.name == "open"
-                if first is not None and a.repeat_calls == "note":  # not run: say where it is
+                if key in n.ran and a.repeat_calls == "note":  # not run: say where it is
                     obs = format_repeat(parsed.name, parsed.argument)
                     b.add_tool_call(ToolCall(turn, parsed.name, parsed.argument, False, REPEATED))
                 else:
                     obs, call = run_tool(env, parsed)
                     n.t_tools += call.latency_s
                     if call.ok:
-                        n.ran.setdefault(key, turn)
+                        n.ran.add(key)
                     b.add_tool_call(
                         ToolCall(
                             turn, call.name, call.arguments, call.ok, call.error, call.latency_s
@@ -411,7 +425,7 @@ def run_episode(
         malformed=n.malformed,
         turns=n.turns,
         truncated=n.truncated_obs,
-        repeats=n.repeats,
+        repeats=repeat_count(b.tool_calls),
     )
     if env.rewards is None:
         cost = call_cost_at(a.tool_call_cost, a.tool_call_cost_warmup, b.first_action_version or 0)
