@@ -143,7 +143,11 @@ class Curriculum:
     """Groups started per task (the ``round`` of its next group)."""
     transitions: list[Transition] = field(default_factory=list)
     started: int = 0
-    """Groups started (re-probes every ``reprobe_every``-th)."""
+    """Groups started (re-probes every ``reprobe_every``-th): the highest start number given."""
+    lost: list[int] = field(default_factory=list)
+    """Start numbers a killed run gave to groups none of whose samples was logged (the gaps
+    below the newest stamp, :meth:`replay`): :meth:`next_task` gives them out again first, so
+    a group started anew after a resume is counted once, under its old number."""
     last_start: dict[str, int] = field(default_factory=dict)
     """``started`` at each task's last start."""
     counted: set[str] = field(default_factory=set)
@@ -217,8 +221,10 @@ class Curriculum:
         started up to the newest stamp (unstamped: one per group), the complete ones'
         evidence in log order — and :meth:`advance` to the resumed ``version``
         (``enabled``). So the next task a resumed run starts is the one the run never
-        killed started next (a group started but killed before any sample was logged is
-        started again: it has no stamp)."""
+        killed started next. A group started but killed before any sample was logged has
+        no stamp and is started again: its number, a gap below the newest stamp (a later
+        group logged first), is in :attr:`lost` and given out again, so the count does not
+        take it twice."""
         for g in probe:
             self.observe(g, "probe")
         for tid in self._by_id:
@@ -236,7 +242,10 @@ class Curriculum:
                 self.last_start[t.task_id] = max(self.last_start.get(t.task_id, 0), n)
             if t.meta.get(REPROBE):
                 self.reprobes.add(key)
-        self.started = max([len(groups), *self.last_start.values()])
+        stamps = {int(t.meta.get(STARTED, 0)) for ts in groups.values() for t in ts}
+        self.started = max([len(groups), *stamps])
+        if 0 not in stamps:  # every group stamped: the numbers below the newest not logged
+            self.lost = sorted(set(range(1, self.started + 1)) - stamps)
         for key, ts in groups.items():
             if len(ts) == k:
                 self.observe(Group(self._by_id[ts[0].task_id], int(key.rsplit("#r", 1)[1]), ts))
@@ -269,12 +278,17 @@ class Curriculum:
 
     # ------------------------------------------------------------------ the next task
     def next_task(self) -> tuple[Task, int, bool]:
-        """``(task, round, reprobe)`` of the next group to start, and count it as started."""
-        self.started += 1
+        """``(task, round, reprobe)`` of the next group to start, and count it as started
+        (its number: the first :attr:`lost` one, else the next)."""
+        if self.lost:
+            n = self.lost.pop(0)
+        else:
+            self.started += 1
+            n = self.started
         out = self._pool_members("unsolved") + self._pool_members("solved")
         kept = self._pool_members("kept")
         every = self.cfg.reprobe_every
-        reprobe = bool(out) and (not kept or (every > 0 and self.started % every == 0))
+        reprobe = bool(out) and (not kept or (every > 0 and n % every == 0))
         if reprobe:  # the one started longest ago first: its verdict is the oldest
             tid = min(out, key=lambda t: (self.last_start.get(t, -1), self._rank[t]))
         elif kept:  # least visited first (within the least started tier, when balanced)
@@ -285,7 +299,7 @@ class Curriculum:
             raise ValueError("the curriculum has no task in any pool")
         r = self.visits[tid]
         self.visits[tid] += 1
-        self.last_start[tid] = self.started
+        self.last_start[tid] = n
         if reprobe:
             self.reprobes.add(group_key(tid, r))
         return self._by_id[tid], r, reprobe

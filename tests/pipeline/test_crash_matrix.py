@@ -29,7 +29,8 @@ so the matrix passes on a loaded machine.
   carries one version, the one its group started under. Two uninterrupted runs write the
   same trajectories, token for token, and the same step records but for the clock's
   fields and float noise. What is left to timing is the order in which one batch's groups
-  complete (compared as sets) and the race a rollout would have to lose against a whole
+  complete (compared as sets) and log their first samples (a group killed before its
+  first keeps its start number: ``Curriculum.lost``) and the race a rollout would have to lose against a whole
   step (train, checkpoint, hot-load) to change a version stamp or miss the last step;
   should a loaded machine ever make a rollout that slow, the failure names the field
   (``lag_histogram``, ``finished_groups``). The quick preset's tiny model scores every sample

@@ -172,3 +172,32 @@ def test_a_resumed_curriculum_starts_what_the_uninterrupted_one_starts():
     assert resumed.started == live.started and resumed.reprobes == live.reprobes
     assert resumed.last_start == live.last_start and resumed.visits == live.visits
     assert [resumed.next_task() for _ in range(8)] == [live.next_task() for _ in range(8)]
+
+
+def test_a_group_killed_before_its_first_sample_is_started_again_under_its_old_number():
+    """The crash matrix's ``collector.written`` kill (CI, 2026-12-06): a later group's sample
+    was logged before any of an earlier group's, so the log's newest stamp counted the
+    earlier group, which the resumed run then started again and counted a second time
+    (``groups_started`` 17, the run never killed 16). Its number is a gap below the newest
+    stamp: given out again, the resumed run starts what the live run started, numbered
+    alike (re-probes included), and counts each group once."""
+    from provrl.rollout.collector import Group
+
+    tasks, k = _tasks(5), 8
+    cfg = CFG.model_copy(update={"reprobe_every": 2})
+    outcome = {"t0": 0, "t1": 0, "t2": 0, "t3": 4, "t4": 4}
+    probe = [Group(t, 0, _samples(t, 0, outcome[t.task_id], k)) for t in tasks]
+    live = Curriculum(tasks, cfg, seed=3)
+    live.replay(probe, [], k, 0)
+    groups = []
+    for _ in range(6):
+        task, r, reprobe = live.next_task()
+        groups.append(((task, r, reprobe), _samples(task, r, outcome[task.task_id], k, live.stamp(task.task_id, r))))  # fmt: skip
+    lost = 3  # the fourth group (a re-probe: 4 % 2 == 0) logged nothing before the kill
+    logged = [t for i, (_, g) in enumerate(groups) if i != lost for t in g]
+    resumed = Curriculum(tasks, cfg, seed=3)
+    resumed.replay(probe, logged, k, 0)
+    assert resumed.lost == [lost + 1] and resumed.started == live.started == 6
+    assert resumed.next_task() == groups[lost][0]  # the same task, round and re-probe
+    assert resumed.started == live.started and resumed.last_start == live.last_start
+    assert [resumed.next_task() for _ in range(6)] == [live.next_task() for _ in range(6)]
