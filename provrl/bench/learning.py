@@ -34,7 +34,7 @@ from scipy import stats
 
 from provrl.pipeline.stages import paired_difference
 from provrl.pipeline.steplog import read_steps
-from provrl.rollout.agent import call_key
+from provrl.rollout.agent import repeat_count
 from provrl.trajlog import read_all
 
 SHARED_STAGES = ("world", "warmstart", "probe", "filter")
@@ -90,11 +90,12 @@ def _eval_summary(eval_dir: Path) -> dict[str, Any]:
 
 
 def repeated_call(t: Any) -> bool:
-    """Whether the episode repeated a search or open it had already made (the same tool and
-    argument up to case and spacing, :func:`provrl.rollout.agent.call_key`), read from its
-    calls, so logs from before ``num_repeat_calls`` count too."""
-    seen = [call_key(c.name, c.arguments) for c in t.tool_calls if c.name in ("search", "open")]
-    return len(seen) != len(set(seen))
+    """Whether the episode repeated a search or open it had already run successfully
+    (:func:`provrl.rollout.agent.repeat_count`, the rule of its ``num_repeat_calls``), read
+    from its calls, so logs from before that metric count too. Records written before
+    2026-12-06 counted any repeated search/open key, failed or limit-refused calls included:
+    the two rules differ on a few episodes."""
+    return repeat_count(t.tool_calls) > 0
 
 
 def calls_histogram(calls: Sequence[float]) -> dict[str, int]:

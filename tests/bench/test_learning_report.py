@@ -111,3 +111,25 @@ def test_summarize_finished_reads_the_seeds_that_finished(tmp_path):
     assert row["per_tier"]["2"]["gain_points"] == pytest.approx(50.0)
     assert rec["mean"]["wall_s"] is None
     json.dumps(rec, allow_nan=False)
+
+
+def test_a_repeat_is_a_search_or_open_the_episode_already_ran():
+    """``repeated_call`` (dev/learning ``repeat_share``) counts by the env's rule
+    (``repeat_count``, the episode's ``num_repeat_calls``): the same call up to case and
+    spacing after a successful run of it; a failed or limit-refused call is no repeat."""
+    from types import SimpleNamespace
+
+    from provrl.bench.learning import repeated_call
+    from provrl.provenance import ToolCall
+    from provrl.rollout.agent import CALL_LIMIT
+
+    def episode(*calls: ToolCall) -> SimpleNamespace:
+        return SimpleNamespace(tool_calls=list(calls))
+
+    ran, again = ToolCall(0, "search", "Harbor  Town"), ToolCall(1, "search", "harbor town")
+    failed = ToolCall(0, "search", "harbor town", ok=False, error="search failed")
+    refused = ToolCall(1, "search", "harbor town", ok=False, error=CALL_LIMIT)
+    assert repeated_call(episode(ran, again))
+    assert not repeated_call(episode(failed, again))  # the first never ran
+    assert not repeated_call(episode(ran, refused))  # refused for the call limit
+    assert not repeated_call(episode(ran, ToolCall(1, "open", "harbor town")))
