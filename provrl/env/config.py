@@ -268,6 +268,15 @@ class AgentConfig(Section):
         "calls). Rewards reaching the answer with fewer searches without making failure "
         "cheaper than success (needs c · max_tool_calls < 1). Typical 0.05-0.15; 0 = off.",
     )
+    tool_call_cost_on: Literal["all", "after_answer"] = Field(
+        "all",
+        description="Which calls tool_call_cost charges: all (every search/open) or "
+        "after_answer (only those made after a tool result shown to the model already held a "
+        "gold answer: calls the episode did not need, rollout.agent.calls_after_answer; the "
+        "hops a question needs stay free). Either way the trajectory's calls_after_answer "
+        "metric counts them. after_answer reads the gold answers, like the score: a training "
+        "reward, not something an agent could compute.",
+    )
     tool_call_cost_warmup: int = Field(
         0,
         ge=0,

@@ -90,6 +90,7 @@ def manifest(
             "kind": a.reward,
             "format_penalty": a.format_penalty,
             "tool_call_cost": a.tool_call_cost,
+            **({"tool_call_cost_on": a.tool_call_cost_on} if a.tool_call_cost_on != "all" else {}),
             **(
                 {"tool_call_cost_warmup": a.tool_call_cost_warmup}
                 if a.tool_call_cost_warmup

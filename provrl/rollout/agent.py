@@ -51,6 +51,7 @@ from provrl.env.rewards import (
     Episode,
     RewardSum,
     call_cost_at,
+    contains_answer,
     exact_match,
     reward,
     reward_sum,
@@ -267,6 +268,21 @@ def repeat_count(calls: Iterable[ToolCall]) -> int:
     return n
 
 
+def calls_after_answer(results: Sequence[str | None], answers: Iterable[str]) -> int:
+    """Search/open calls made after a tool result shown to the model already held a gold
+    answer (:func:`provrl.env.rewards.contains_answer`), with ``results[i]`` what the i-th
+    call showed (None: nothing, e.g. a noted repeat): the calls the episode did not need,
+
+        n_after = n − (i* + 1),   i* = the first i whose result holds an answer (0 if none),
+
+    what ``env.agent.tool_call_cost_on: after_answer`` charges."""
+    answers = list(answers)
+    for i, text in enumerate(results):
+        if text is not None and contains_answer(text, answers):
+            return len(results) - i - 1
+    return 0
+
+
 def run_tool(env: AgentEnv, call: Call) -> tuple[str, ToolCall]:
     """Execute a search/open call; failures become error observations, never exceptions."""
     t0 = time.perf_counter()
@@ -301,6 +317,9 @@ class EpisodeCounts:
     """Tool results cut to ``max_observation_tokens``."""
     ran: set[tuple[str, str]] = field(default_factory=set)
     """The calls the tool ran successfully, by :func:`call_key` (what a repeat repeats)."""
+    results: list[str | None] = field(default_factory=list)
+    """What each search/open call showed the model (None: a noted repeat, no results), in
+    order: :func:`calls_after_answer` reads it."""
     t_gen: float = 0.0
     """Seconds waiting for the engine."""
     t_tools: float = 0.0
@@ -379,12 +398,14 @@ def run_episode(
                 n.opens += parsed.name == "open"
                 if key in n.ran and a.repeat_calls == "note":  # not run: say where it is
                     obs = format_repeat(parsed.name, parsed.argument)
+                    n.results.append(None)
                     b.add_tool_call(ToolCall(turn, parsed.name, parsed.argument, False, REPEATED))
                 else:
                     obs, call = run_tool(env, parsed)
                     n.t_tools += call.latency_s
                     if call.ok:
                         n.ran.add(key)
+                    n.results.append(obs)
                     b.add_tool_call(
                         ToolCall(
                             turn, call.name, call.arguments, call.ok, call.error, call.latency_s
@@ -397,6 +418,8 @@ def run_episode(
             # the observation as non-action ids; stop if the next turn would have < 8 tokens
             obs_ids, cut = env.codec.ids(obs, out.token_ids)
             n.truncated_obs += cut
+            if cut and n.results and n.results[-1] is obs:  # the model sees what is left
+                n.results[-1] = tok.decode(obs_ids, skip_special_tokens=True)
             room = budget - len(b) - len(obs_ids)
             if room < 8:
                 finish = "token_budget"
@@ -426,16 +449,18 @@ def run_episode(
         turns=n.turns,
         truncated=n.truncated_obs,
         repeats=repeat_count(b.tool_calls),
+        after_answer=calls_after_answer(n.results, task.answers),
     )
     if env.rewards is None:
         cost = call_cost_at(a.tool_call_cost, a.tool_call_cost_warmup, b.first_action_version or 0)
+        charged = n.tool_calls if a.tool_call_cost_on == "all" else int(metrics["calls_after_answer"])  # fmt: skip
         score = reward(
             answer,
             task.answers,
             kind=a.reward,
             format_ok=format_ok,
             format_penalty=a.format_penalty,
-            tool_calls=n.tool_calls,
+            tool_calls=charged,
             tool_call_cost=cost,
         )
         if a.tool_call_cost_warmup:
@@ -504,6 +529,7 @@ def oracle_trajectory(
         b.add_tool_call(ToolCall(j, name, arg, True, None, result.latencies[j]))
     b.add_tool_call(ToolCall(len(calls), "answer", result.answer))
     opens = sum(name == "open" for name, _ in calls)
+    shown = [obs for _, obs in result.turns[: len(calls)]]  # what each call showed
     return b.build(
         reward=exact_match(result.answer, task.answers),
         metrics=_metrics(
@@ -515,6 +541,7 @@ def oracle_trajectory(
             malformed=0,
             turns=len(result.turns),
             truncated=cut,
+            after_answer=calls_after_answer(shown, task.answers),
             answered=result.solved,
         ),
         timings={"tools": sum(result.latencies)},
@@ -547,6 +574,7 @@ def _metrics(
     turns: int,
     truncated: int,
     repeats: int = 0,
+    after_answer: int = 0,
     answered: bool | None = None,
 ) -> dict[str, float]:
     """The per-trajectory metrics shared by model episodes and oracle traces."""
@@ -563,6 +591,7 @@ def _metrics(
         "answered": float(answer is not None if answered is None else answered),
         "truncated_observations": float(truncated),
         "num_repeat_calls": float(repeats),
+        "calls_after_answer": float(after_answer),
         "min_searches": float(task.min_searches),
         "tier": float(task.tier),
     }

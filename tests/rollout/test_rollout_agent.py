@@ -347,3 +347,32 @@ def test_a_repeated_call_is_counted_and_under_note_not_run(tiny, small_world, sm
     from provrl.rollout.evaluate import summarize
 
     assert summarize([task], [tr], 1)["repeat_rate"] == 1.0  # the eval report's column
+
+
+@pytest.mark.parametrize("cost_on", ["all", "after_answer"])
+def test_the_call_cost_can_charge_only_the_calls_after_the_answer_was_shown(
+    tiny, small_world, small_search, cost_on
+):
+    """env.agent.tool_call_cost_on: on a two-hop task the first search shows the bridge
+    entity, the second the answer, the third is not needed. calls_after_answer counts the
+    third either way; after_answer charges it alone, all charges all three."""
+    task = next(t for t in load_split(small_world, "dev") if t.tier == 2)
+    first, second = (step.query for step in task.oracle)
+    turns = [f"<search>{first}</search>", f"<search>{second}</search>",
+             f"<search>{second} again</search>", f"<answer>{task.answers[0]}</answer>"]  # fmt: skip
+    env = make_env(Scripted(tiny.tokenizer, turns), tiny, small_search, tool_call_cost=0.1,
+                   tool_call_cost_on=cost_on, max_tool_calls=4, max_turns=6)  # fmt: skip
+    tr = run_episode(env, task, traj_id=f"after-{cost_on}", seed=0)
+    assert tr.metrics["num_tool_calls"] == 3.0 and tr.metrics["calls_after_answer"] == 1.0
+    assert tr.reward == pytest.approx(1 - 0.1 * (3 if cost_on == "all" else 1))
+
+
+def test_calls_after_answer_counts_from_the_first_result_that_holds_an_answer():
+    from provrl.rollout.agent import calls_after_answer
+
+    answers = ["Harbor Town", "Harbortown"]
+    assert calls_after_answer([], answers) == 0
+    assert calls_after_answer(["no", "born in harbortown.", None, "x"], answers) == 2
+    assert calls_after_answer(["harbor town", "harbor town"], answers) == 1  # seen at once
+    assert calls_after_answer(["Harbor Towns"], answers) == 0  # whole words only
+    assert calls_after_answer([None, "nothing"], answers) == 0  # never shown: all were needed
