@@ -121,7 +121,9 @@ def tier_blocks(log: Path, block: int = 4) -> dict[str, dict[str, dict[str, Any]
     number of tool calls n the episodes that made n (``calls_hist``) and their accuracy
     (``accuracy_by_calls``): whether a one-hop task is answered after one search, and whether a
     two-hop task answered after one is ever right; and the share of episodes that repeated a
-    call they had already made (``repeat_share``, :func:`provrl.bench.learning.repeated_call`)."""
+    call they had already made (``repeat_share``, :func:`provrl.bench.learning.repeated_call`)
+    and the calls made after a result had shown the answer, per episode (``calls_after_answer``;
+    None on logs written before the metric)."""
     groups: dict[str, list[Any]] = {}
     for t in read_all(log) if log.is_file() else []:
         groups.setdefault(str(t.meta.get("group", t.traj_id)), []).append(t)
@@ -143,6 +145,7 @@ def tier_blocks(log: Path, block: int = 4) -> dict[str, dict[str, dict[str, Any]
         for em, n in eps:
             by_calls.setdefault(n, []).append(em)
         equal = [len({t.reward for t in trajs}) <= 1 for trajs in cell]
+        after = [t.metrics["calls_after_answer"] for g in cell for t in g if "calls_after_answer" in t.metrics]  # fmt: skip
         out.setdefault(f"{v * block}-{v * block + block - 1}", {})[tier] = {
             "groups": len(cell),
             "accuracy": _group_mean(cell, "exact_match"),
@@ -151,6 +154,7 @@ def tier_blocks(log: Path, block: int = 4) -> dict[str, dict[str, dict[str, Any]
             "calls_hist": {str(n): len(x) for n, x in sorted(by_calls.items())},
             "accuracy_by_calls": {str(n): float(np.mean(x)) for n, x in sorted(by_calls.items())},
             "repeat_share": float(np.mean([repeated_call(t) for trajs in cell for t in trajs])),
+            "calls_after_answer": float(np.mean(after)) if after else None,
         }
     return out
 

@@ -54,12 +54,15 @@ def _run(args: Sequence[str], log: Path) -> dict[str, float]:
 
 
 def _eval_summary(eval_dir: Path) -> dict[str, Any]:
-    """Per-task accuracy and per-tier accuracy / tool calls of solved episodes of one eval."""
+    """Per-task accuracy and per-tier accuracy / tool calls of solved episodes of one eval
+    (their histogram, the share that repeated a call, and the calls made after a result had
+    shown the answer, :func:`provrl.rollout.agent.calls_after_answer`)."""
     trajs = read_all(eval_dir / "trajectories.jsonl")
     by_task: dict[str, list[float]] = {}
     tier_of: dict[str, int] = {}
     calls: dict[int, list[float]] = {}
     repeats: dict[int, list[bool]] = {}
+    after: dict[int, list[float]] = {}  # calls_after_answer (logs before the metric: None)
     for t in trajs:
         em = float(t.metrics.get("exact_match", 0.0))
         by_task.setdefault(t.task_id, []).append(em)
@@ -68,6 +71,8 @@ def _eval_summary(eval_dir: Path) -> dict[str, Any]:
         if em > 0:
             calls.setdefault(tier, []).append(float(t.metrics.get("num_tool_calls", 0.0)))
             repeats.setdefault(tier, []).append(repeated_call(t))
+            if "calls_after_answer" in t.metrics:
+                after.setdefault(tier, []).append(float(t.metrics["calls_after_answer"]))
     acc = {k: float(np.mean(v)) for k, v in by_task.items()}
     tiers = sorted(set(tier_of.values()))
     return {
@@ -82,6 +87,7 @@ def _eval_summary(eval_dir: Path) -> dict[str, Any]:
                 "tool_calls_solved": float(np.mean(calls[k])) if k in calls else math.nan,
                 "tool_calls_solved_hist": calls_histogram(calls.get(k, [])),
                 "repeat_share_solved": float(np.mean(repeats[k])) if k in repeats else math.nan,
+                "calls_after_answer_solved": float(np.mean(after[k])) if k in after else None,
                 "tasks": sum(tier_of[t] == k for t in acc),
             }
             for k in tiers
@@ -125,6 +131,8 @@ def compare(warm: dict[str, Any], rl: dict[str, Any]) -> dict[str, Any]:
             "rl_tool_calls_solved_hist": r.get("tool_calls_solved_hist", {}),
             "warmstart_repeat_share_solved": w.get("repeat_share_solved", math.nan),
             "rl_repeat_share_solved": r.get("repeat_share_solved", math.nan),
+            "warmstart_calls_after_answer_solved": w.get("calls_after_answer_solved"),
+            "rl_calls_after_answer_solved": r.get("calls_after_answer_solved"),
             "tasks": w["tasks"],
         }
     return {

@@ -133,3 +133,21 @@ def test_a_repeat_is_a_search_or_open_the_episode_already_ran():
     assert not repeated_call(episode(failed, again))  # the first never ran
     assert not repeated_call(episode(ran, refused))  # refused for the call limit
     assert not repeated_call(episode(ran, ToolCall(1, "open", "harbor town")))
+
+
+def test_an_eval_summary_gives_the_calls_made_after_the_answer_per_tier(tmp_path):
+    """Per tier, the mean ``calls_after_answer`` of solved episodes; None where no episode
+    carries the metric (logs written before it), so the record stays JSON."""
+    import json
+
+    from provrl.bench.learning import _eval_summary
+    from provrl.trajlog import TrajectoryWriter
+
+    with TrajectoryWriter(tmp_path / "trajectories.jsonl") as w:
+        for i, (tier, em, after) in enumerate([(1, 1, 1), (1, 1, 0), (1, 0, 3), (2, 1, None)]):
+            extra = {} if after is None else {"calls_after_answer": after}
+            w.write(_traj(f"t{i}", f"task{i}", tier=tier, exact_match=em, num_tool_calls=2, **extra))  # fmt: skip
+    tiers = _eval_summary(tmp_path)["per_tier"]
+    assert tiers["1"]["calls_after_answer_solved"] == pytest.approx(0.5)  # the failure is out
+    assert tiers["2"]["calls_after_answer_solved"] is None
+    json.dumps(tiers, allow_nan=False)
