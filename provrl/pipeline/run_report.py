@@ -76,8 +76,9 @@ def write_report(run_dir: str | Path) -> Path:
             "",
             "| policy | accuracy ± SE (samples) ± SE (tasks) | tool calls / solved task | "
             "oracle min of those tasks | excess calls | tool calls / episode | "
-            "repeated a call | tokens / episode | answered | tasks × k |",
-            "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |",
+            "calls after the answer / solved task | repeated a call | tokens / episode | "
+            "answered | tasks × k |",
+            "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |",
         ]
         oracle = _num(ev[names[0]].get("mean_min_searches")) > 0  # plain QA tasks: no plan
         for n in names:
@@ -88,7 +89,9 @@ def write_report(run_dir: str | Path) -> Path:
                 f"{_f(e.get('mean_tool_calls_solved'), '.2f')} | "
                 f"{_f(e.get('oracle_min_tool_calls_solved') if oracle else None, '.2f')} | "
                 f"{_f(e.get('excess_tool_calls_solved'), '+.0%')} | "
-                f"{_f(e['mean_tool_calls'], '.2f')} | {_f(e.get('repeat_rate'), '.0%')} | "
+                f"{_f(e['mean_tool_calls'], '.2f')} | "
+                f"{_f(e.get('mean_calls_after_answer_solved'), '.2f')} | "
+                f"{_f(e.get('repeat_rate'), '.0%')} | "
                 f"{_f(e['mean_tokens'], '.0f')} | "
                 f"{_f(e['answered_rate'], '.2f')} | {e['n']} × {e['k']} |"
             )

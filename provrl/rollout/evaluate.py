@@ -79,6 +79,7 @@ def summarize(tasks: Sequence[Task], trajs: Sequence[Trajectory], k: int) -> dic
         samples = [x for i in ids for x in by_task[i]]
         m = lambda key: float(np.mean([x.metrics[key] for x in samples]))  # noqa: E731
         solved = [x.metrics["num_tool_calls"] for x in samples if x.metrics["exact_match"] > 0]
+        after = [x.metrics.get("calls_after_answer", 0.0) for x in samples if x.metrics["exact_match"] > 0]  # fmt: skip
         hist = np.bincount(np.asarray(succ), minlength=k + 1)[: k + 1]
         return {
             "tasks": len(ids),
@@ -88,6 +89,7 @@ def summarize(tasks: Sequence[Task], trajs: Sequence[Trajectory], k: int) -> dic
             "mean_f1": m("f1"),
             "mean_tool_calls": m("num_tool_calls"),
             "mean_tool_calls_solved": float(np.mean(solved)) if solved else float("nan"),
+            "mean_calls_after_answer_solved": float(np.mean(after)) if after else float("nan"),
             "mean_min_searches": m("min_searches"),
             "mean_tokens": m("num_tokens"),
             "mean_action_tokens": m("num_action_tokens"),

@@ -365,6 +365,9 @@ def test_the_call_cost_can_charge_only_the_calls_after_the_answer_was_shown(
     tr = run_episode(env, task, traj_id=f"after-{cost_on}", seed=0)
     assert tr.metrics["num_tool_calls"] == 3.0 and tr.metrics["calls_after_answer"] == 1.0
     assert tr.reward == pytest.approx(1 - 0.1 * (3 if cost_on == "all" else 1))
+    from provrl.rollout.evaluate import summarize
+
+    assert summarize([task], [tr], 1)["mean_calls_after_answer_solved"] == 1.0  # the report's
 
 
 def test_calls_after_answer_counts_from_the_first_result_that_holds_an_answer():
