@@ -195,7 +195,8 @@ class AgentConfig(Section):
         False,
         description="Ask for a reasoning block, <think>…</think>, before each tool call and the "
         "answer ({reasoning} in the template; search-r1 always asks). Raise max_new_tokens "
-        "with it.",
+        "with it. The teacher's traces (pipeline.teacher) then start each turn with one too: "
+        "what the last result showed and whether it answers the question (env.oracle.found).",
     )
     shots: int = Field(
         0, ge=0, le=8, description="Worked examples (oracle traces on train tasks) in the prompt."

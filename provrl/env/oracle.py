@@ -64,11 +64,34 @@ class OracleResult:
         return msgs
 
 
-def run_oracle(task: Task, backend: SearchBackend, k: int, protocol: str = "tag") -> OracleResult:
-    """Execute ``task``'s plan against ``backend`` with ``k`` results per search."""
+def act(call: Call, protocol: str, thought: str | None = None) -> str:
+    """A teacher's turn: the call in ``protocol``, after ``<think>thought</think>`` when the
+    agent is asked to reason (``env.agent.reasoning``; None: the call alone)."""
+    text = render_call(call, protocol)
+    return text if thought is None else f"<think>{thought}</think>\n{text}"
+
+
+def found(step_reveals: str, last: bool, computed: bool = False) -> str:
+    """What a teacher says it found in the result it just read: the entity the plan step
+    revealed, and whether that answers the question or another search is needed — the
+    per-question decision (one hop or two) made explicit in the trace."""
+    if not last:
+        return f"The results show {step_reveals}, which does not answer the question yet."
+    if computed:
+        return f"The results show {step_reveals}. I can compute the answer from what I found."
+    return f"The results show {step_reveals}, which answers the question."
+
+
+def run_oracle(
+    task: Task, backend: SearchBackend, k: int, protocol: str = "tag", *, reasoning: bool = False
+) -> OracleResult:
+    """Execute ``task``'s plan against ``backend`` with ``k`` results per search; with
+    ``reasoning``, each turn starts with a ``<think>`` block (:func:`found`)."""
     res = OracleResult(task.task_id, task.answer, 0, True)
     seen = set(query_terms(task.question))
-    for j, step in enumerate(task.oracle):
+    plan = task.oracle
+    computed = task.kind in COMPUTED_KINDS
+    for j, step in enumerate(plan):
         unseen = [
             t for t in query_terms(step.query) if t not in seen and t not in GENERIC_QUERY_WORDS
         ]
@@ -79,7 +102,10 @@ def run_oracle(task: Task, backend: SearchBackend, k: int, protocol: str = "tag"
         res.latencies.append(time.perf_counter() - t0)
         res.searches += 1
         obs = format_hits(hits)
-        res.turns.append((render_call(Call("search", step.query), protocol), obs))
+        thought = None
+        if reasoning:
+            thought = "I search for the name in the question." if j == 0 else found(plan[j - 1].reveals, False)  # fmt: skip
+        res.turns.append((act(Call("search", step.query), protocol, thought), obs))
         res.calls.append(("search", step.query))
         seen.update(query_terms(obs))
         hit = next((h for h in hits if h.passage_id == step.passage), None)
@@ -95,7 +121,8 @@ def run_oracle(task: Task, backend: SearchBackend, k: int, protocol: str = "tag"
     res.solved = not res.problems
     # an oracle that could not verify its plan does not get to answer
     res.answer = task.answer if res.solved else "unknown"
-    res.turns.append((render_call(Call("answer", res.answer), protocol), None))
+    final = found(plan[-1].reveals, True, computed) if reasoning and plan else None
+    res.turns.append((act(Call("answer", res.answer), protocol, final), None))
     return res
 
 
@@ -121,6 +148,7 @@ def run_explorer(
     cfg: ExplorerConfig,
     sample: int = 0,
     max_calls: int = 6,
+    reasoning: bool = False,
 ) -> OracleResult:
     """``task``'s plan searched exploratorily (module docstring), with coins seeded by
     (``cfg.seed``, task, ``sample``): for each plan step, with probability
@@ -129,16 +157,21 @@ def run_explorer(
     plan does not use; before the answer, with probability ``cfg.confirm`` a search for the
     answer (an entity the results named). Extras are dropped where they would pass
     ``max_calls``; the plan's own searches always run, so the trace is as correct as the
-    oracle's (``solved`` only if the oracle's checks pass)."""
+    oracle's (``solved`` only if the oracle's checks pass). With ``reasoning`` each turn
+    starts with a ``<think>`` block: what the last result showed (:func:`found`) and why the
+    next call is made — the extras say what they are (a broader search, a check)."""
     digest = [int.from_bytes(task.task_id.encode()[-8:].rjust(8, b"\0"), "big"), sample]
     rng = np.random.default_rng([cfg.seed, *digest])
     exact = run_oracle(task, backend, k, protocol)
+    computed = task.kind in COMPUTED_KINDS
     res = OracleResult(task.task_id, exact.answer, 0, exact.solved, list(exact.problems))
     res.teacher = "explorer"
     plan = len(task.oracle)
     budget = max(0, max_calls - plan)  # extras allowed on top of the plan's searches
 
-    def call(name: str, arg: str) -> str:
+    said: list[str] = []  # what the latest exact search revealed, once said
+
+    def call(name: str, arg: str, thought: str) -> str:
         t0 = time.perf_counter()
         if name == "search":
             obs = format_hits(backend.search(arg, k))
@@ -146,26 +179,34 @@ def run_explorer(
         else:
             obs = format_document(arg, backend.open(arg))
         res.latencies.append(time.perf_counter() - t0)
-        res.turns.append((render_call(Call(name, arg), protocol), obs))  # type: ignore[arg-type]
+        text = act(Call(name, arg), protocol, thought if reasoning else None)  # type: ignore[arg-type]
+        res.turns.append((text, obs))
         res.calls.append((name, arg))
         return obs
 
-    for step in task.oracle:
+    def lead(then: str) -> str:
+        """The thought before a call: what the last exact search showed (once), then why."""
+        return (said.pop() + " " if said else "") + then
+
+    for j, step in enumerate(task.oracle):
+        last = j == plan - 1
         vague = _vaguer(step.query, rng) if rng.random() < cfg.reformulate else None
         if vague is not None and budget > 0:
-            call("search", vague)
+            call("search", vague, lead("I start with a broader search."))
             budget -= 1
-        call("search", step.query)
+        call("search", step.query, lead("I search for the exact name."))
+        said.append(found(step.reveals, last, computed))
         if rng.random() < cfg.open_unused and budget > 0:
             hits = backend.search(step.query, k)
             unused = [h.doc_id for h in hits if h.passage_id != step.passage]
             if unused:
-                call("open", unused[int(rng.integers(len(unused)))])
+                call("open", unused[int(rng.integers(len(unused)))], lead("I open another result to check it."))  # fmt: skip
                 budget -= 1
     named = any(c.isalpha() for c in task.answer)  # a name worth searching, not a number
     if rng.random() < cfg.confirm and budget > 0 and res.solved and named:
-        call("search", task.answer)
+        call("search", task.answer, lead("I search for the answer to confirm it."))
         budget -= 1
     res.answer = task.answer if res.solved else "unknown"
-    res.turns.append((render_call(Call("answer", res.answer), protocol), None))
+    final = lead("So I answer.") if reasoning else None
+    res.turns.append((act(Call("answer", res.answer), protocol, final), None))
     return res

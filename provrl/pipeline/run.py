@@ -304,9 +304,9 @@ def teacher_traces(cfg: RunConfig, world_dir: Path, tasks: list[Task]) -> list[T
     for t in tasks:
         for i in range(cfg.pipeline.teacher_samples if teacher == "explorer" else 1):
             if teacher == "explorer":
-                r = run_explorer(t, backend, k, a.protocol, cfg=cfg.env.explorer, sample=i, max_calls=budget)  # fmt: skip
+                r = run_explorer(t, backend, k, a.protocol, cfg=cfg.env.explorer, sample=i, max_calls=budget, reasoning=a.reasoning)  # fmt: skip
             else:
-                r = run_oracle(t, backend, k, a.protocol)
+                r = run_oracle(t, backend, k, a.protocol, reasoning=a.reasoning)
             if r.solved:
                 tid = f"{t.task_id}-{teacher}" + (f"-{i}" if i else "")
                 tr = oracle_trajectory(t, r, tok, a, tools.identity, traj_id=tid)

@@ -186,7 +186,7 @@ def evaluate(
         tok = load_tokenizer(tokenizer)
         with TrajectoryWriter(log) as writer:
             for t in tasks:
-                r = run_oracle(t, backend, cfg.search.k, a.protocol)
+                r = run_oracle(t, backend, cfg.search.k, a.protocol, reasoning=a.reasoning)
                 tr = oracle_trajectory(
                     t, r, tok, a, tools.identity, traj_id=f"{t.task_id}-oracle", shots=tools.shots
                 )

@@ -102,7 +102,7 @@ def worked_examples(
         if not pool:
             raise ValueError(f"no train task of tier {tier} for a worked example")
         t = pool[int(rng.integers(len(pool)))]
-        r = run_oracle(t, backend, cfg.search.k, cfg.agent.protocol)
+        r = run_oracle(t, backend, cfg.search.k, cfg.agent.protocol, reasoning=cfg.agent.reasoning)
         if not r.solved:
             raise ValueError(
                 f"worked example {t.task_id} is not solved by the oracle: {r.problems}"

@@ -72,3 +72,35 @@ def test_the_teachers_own_budget_is_spent_and_the_students_cap_is_the_default(sm
     assert capped and max(capped) <= 3
     assert max(own) > 3 and max(own) <= 6
     assert len(own) == len(capped)  # the plan's own searches always run: as many solved
+
+
+def test_a_reasoning_teacher_says_whether_each_result_answers_the_question(
+    small_world, small_search
+):
+    """With ``reasoning`` (env.agent.reasoning) every teacher turn starts with a <think>
+    block and makes the same call as without it; the thought after each exact search names
+    what it revealed and says whether that answers the question — the one-hop / two-hop
+    decision written out — and the answer's thought says it was found."""
+    from provrl.env.protocol import Call, parse
+
+    tasks = [t for t in load_split(small_world, "train") if t.tier in (1, 2)][:12]
+    for t in tasks:
+        for teacher in ("oracle", "explorer"):
+            if teacher == "oracle":
+                plain, thinking = (run_oracle(t, small_search, 3, reasoning=r) for r in (False, True))  # fmt: skip
+            else:
+                plain, thinking = (run_explorer(t, small_search, 3, cfg=ExplorerConfig(), reasoning=r) for r in (False, True))  # fmt: skip
+            if not thinking.solved:
+                continue
+            assert thinking.calls == plain.calls and thinking.answer == plain.answer
+            texts = [a for a, _ in thinking.turns]
+            assert all(a.startswith("<think>") and "</think>\n" in a for a in texts)
+            assert [parse(a, "tag") for a in texts] == [parse(a, "tag") for a, _ in plain.turns]
+            assert isinstance(parse(texts[-1], "tag"), Call)
+            said = " ".join(texts)
+            assert f"The results show {t.oracle[-1].reveals}, which answers the question." in said
+            for step in t.oracle[:-1]:  # the bridge of a two-hop task is not the answer
+                assert (
+                    f"The results show {step.reveals}, which does not answer the question yet."
+                    in said
+                )
