@@ -382,6 +382,7 @@ def run_episode(
                 finish = "answer"
                 break
             n.streak = n.streak + 1 if isinstance(parsed, Malformed) else 0
+            ran_tool = False  # this turn's observation is a tool's result (n.results[-1])
             if isinstance(parsed, Malformed):  # tell the model what was wrong, or give up
                 n.malformed += 1
                 b.add_tool_call(ToolCall(turn, "invalid", parsed.raw, False, parsed.error))
@@ -406,6 +407,7 @@ def run_episode(
                     if call.ok:
                         n.ran.add(key)
                     n.results.append(obs)
+                    ran_tool = True
                     b.add_tool_call(
                         ToolCall(
                             turn, call.name, call.arguments, call.ok, call.error, call.latency_s
@@ -418,7 +420,7 @@ def run_episode(
             # the observation as non-action ids; stop if the next turn would have < 8 tokens
             obs_ids, cut = env.codec.ids(obs, out.token_ids)
             n.truncated_obs += cut
-            if cut and n.results and n.results[-1] is obs:  # the model sees what is left
+            if cut and ran_tool:  # the model sees what is left of the result
                 n.results[-1] = tok.decode(obs_ids, skip_special_tokens=True)
             room = budget - len(b) - len(obs_ids)
             if room < 8:
@@ -439,6 +441,7 @@ def run_episode(
         with contextlib.suppress(EngineError):
             env.engine.release(traj_id)
     format_ok = answer is not None and n.malformed == 0
+    after = calls_after_answer(n.results, task.answers)
     metrics = _metrics(
         task,
         b,
@@ -449,11 +452,11 @@ def run_episode(
         turns=n.turns,
         truncated=n.truncated_obs,
         repeats=repeat_count(b.tool_calls),
-        after_answer=calls_after_answer(n.results, task.answers),
+        after_answer=after,
     )
     if env.rewards is None:
         cost = call_cost_at(a.tool_call_cost, a.tool_call_cost_warmup, b.first_action_version or 0)
-        charged = n.tool_calls if a.tool_call_cost_on == "all" else int(metrics["calls_after_answer"])  # fmt: skip
+        charged = n.tool_calls if a.tool_call_cost_on == "all" else after
         score = reward(
             answer,
             task.answers,

@@ -78,8 +78,9 @@ def summarize(tasks: Sequence[Task], trajs: Sequence[Trajectory], k: int) -> dic
         succ = [int(sum(x.metrics["exact_match"] for x in by_task[i])) for i in ids]
         samples = [x for i in ids for x in by_task[i]]
         m = lambda key: float(np.mean([x.metrics[key] for x in samples]))  # noqa: E731
-        solved = [x.metrics["num_tool_calls"] for x in samples if x.metrics["exact_match"] > 0]
-        after = [x.metrics.get("calls_after_answer", 0.0) for x in samples if x.metrics["exact_match"] > 0]  # fmt: skip
+        won = [x for x in samples if x.metrics["exact_match"] > 0]
+        solved = [x.metrics["num_tool_calls"] for x in won]
+        after = [x.metrics.get("calls_after_answer", 0.0) for x in won]
         hist = np.bincount(np.asarray(succ), minlength=k + 1)[: k + 1]
         return {
             "tasks": len(ids),
