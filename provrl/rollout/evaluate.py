@@ -80,7 +80,11 @@ def summarize(tasks: Sequence[Task], trajs: Sequence[Trajectory], k: int) -> dic
         m = lambda key: float(np.mean([x.metrics[key] for x in samples]))  # noqa: E731
         won = [x for x in samples if x.metrics["exact_match"] > 0]
         solved = [x.metrics["num_tool_calls"] for x in won]
-        after = [x.metrics.get("calls_after_answer", 0.0) for x in won]
+        # logs written before a metric existed do not carry it: a missing value is not a zero
+        after = [x.metrics["calls_after_answer"] for x in won if "calls_after_answer" in x.metrics]
+        repeats = [
+            x.metrics["num_repeat_calls"] > 0 for x in samples if "num_repeat_calls" in x.metrics
+        ]
         hist = np.bincount(np.asarray(succ), minlength=k + 1)[: k + 1]
         return {
             "tasks": len(ids),
@@ -97,9 +101,7 @@ def summarize(tasks: Sequence[Task], trajs: Sequence[Trajectory], k: int) -> dic
             "mean_malformed_calls": m("malformed_calls"),
             "answered_rate": m("answered"),
             "searched_rate": float(np.mean([x.metrics["num_searches"] > 0 for x in samples])),
-            "repeat_rate": float(
-                np.mean([x.metrics.get("num_repeat_calls", 0) > 0 for x in samples])
-            ),
+            "repeat_rate": float(np.mean(repeats)) if repeats else float("nan"),
             **tool_failures(samples),
             "K_histogram": {str(j): int(v) for j, v in enumerate(hist)},
         }

@@ -3,7 +3,9 @@ the engine consumed and produced, with the right masks and stamps."""
 
 from __future__ import annotations
 
+import math
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import replace
 
 import numpy as np
 import pytest
@@ -368,6 +370,12 @@ def test_the_call_cost_can_charge_only_the_calls_after_the_answer_was_shown(
     from provrl.rollout.evaluate import summarize
 
     assert summarize([task], [tr], 1)["mean_calls_after_answer_solved"] == 1.0  # the report's
+    # a log written before the metric existed: "not measured" (NaN, the report's "–"), not 0
+    dropped = ("calls_after_answer", "num_repeat_calls")
+    old = replace(tr, metrics={k: v for k, v in tr.metrics.items() if k not in dropped})
+    summary = summarize([task], [old], 1)
+    assert math.isnan(summary["mean_calls_after_answer_solved"])
+    assert math.isnan(summary["repeat_rate"])
 
 
 def test_calls_after_answer_counts_from_the_first_result_that_holds_an_answer():
