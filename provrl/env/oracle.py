@@ -82,6 +82,25 @@ def found(step_reveals: str, last: bool, computed: bool = False) -> str:
     return f"The results show {step_reveals}, which answers the question."
 
 
+_COUNT = {2: "two", 3: "three", 4: "four", 5: "five", 6: "six"}
+
+
+def plan_thought(task: Task) -> str:
+    """What a teacher says before its first call: how many searches the question needs, read
+    from the question's form. A one-hop question names what it asks about; a multi-hop one
+    asks about what the name in it leads to. Said once, first, where the question is still
+    the last thing read, so a student writes its one-hop-or-two plan before any result can
+    sway it (the later :func:`found` thoughts then carry the plan out)."""
+    n = len(task.oracle)
+    if n <= 1:
+        return "The question names what it asks about, so one search should show the answer."
+    count = _COUNT.get(n, str(n))
+    return (
+        "The question asks about what the name in it leads to, so I need "
+        f"{count} searches: the name first, then what it shows."
+    )
+
+
 def run_oracle(
     task: Task, backend: SearchBackend, k: int, protocol: str = "tag", *, reasoning: bool = False
 ) -> OracleResult:
@@ -104,7 +123,7 @@ def run_oracle(
         obs = format_hits(hits)
         thought = None
         if reasoning:
-            thought = "I search for the name in the question." if j == 0 else found(plan[j - 1].reveals, False)  # fmt: skip
+            thought = f"{plan_thought(task)} I search for the name in the question." if j == 0 else found(plan[j - 1].reveals, False)  # fmt: skip
         res.turns.append((act(Call("search", step.query), protocol, thought), obs))
         res.calls.append(("search", step.query))
         seen.update(query_terms(obs))
@@ -169,7 +188,8 @@ def run_explorer(
     plan = len(task.oracle)
     budget = max(0, max_calls - plan)  # extras allowed on top of the plan's searches
 
-    said: list[str] = []  # what the latest exact search revealed, once said
+    said: list[str] = [plan_thought(task)]  # said once before the next call: the plan, then
+    # what the latest exact search revealed
 
     def call(name: str, arg: str, thought: str) -> str:
         t0 = time.perf_counter()

@@ -80,7 +80,8 @@ def test_a_reasoning_teacher_says_whether_each_result_answers_the_question(
     """With ``reasoning`` (env.agent.reasoning) every teacher turn starts with a <think>
     block and makes the same call as without it; the thought after each exact search names
     what it revealed and says whether that answers the question — the one-hop / two-hop
-    decision written out — and the answer's thought says it was found."""
+    decision written out — and the answer's thought says it was found. The first thought is
+    the plan: how many searches the question needs."""
     from provrl.env.protocol import Call, parse
 
     tasks = [t for t in load_split(small_world, "train") if t.tier in (1, 2)][:12]
@@ -98,6 +99,10 @@ def test_a_reasoning_teacher_says_whether_each_result_answers_the_question(
             assert [parse(a, "tag") for a in texts] == [parse(a, "tag") for a, _ in plain.turns]
             assert isinstance(parse(texts[-1], "tag"), Call)
             said = " ".join(texts)
+            # the plan comes first, once, and its count of searches is the task's hop count
+            first = texts[0].split("</think>")[0]
+            hops = "one search" if t.tier == 1 else "I need two searches"
+            assert hops in first and said.count("The question") == 1
             assert f"The results show {t.oracle[-1].reveals}, which answers the question." in said
             for step in t.oracle[:-1]:  # the bridge of a two-hop task is not the answer
                 assert (
