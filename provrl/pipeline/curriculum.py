@@ -18,7 +18,9 @@ confidence 0.5) one group of k = 8 reproduces the probe's filter exactly: K = 0 
 K = 8 → solved, 0 < K < 8 → kept.
 
 The loop starts kept tasks least-visited first (seeded ties; with ``balance_tiers`` within
-the tier whose kept tasks have been started least, :func:`least_started_tier`), and every ``reprobe_every``-th
+the tier started least, :func:`least_started_tier`, counted as ``balance_count`` says: the
+probe's round included, so the tier with fewer kept tasks goes first, or the loop's groups
+only, so the tiers alternate from the first group), and every ``reprobe_every``-th
 group the task of the unsolved or solved pool started longest ago — a re-probe with the
 current policy. Its group is an ordinary group, stamped per token: it is trained on if it
 has signal, and its evidence can move the task back into the band. A group with no signal
@@ -119,14 +121,11 @@ def has_signal(rewards: Sequence[float]) -> bool:
 
 
 def least_started_tier(
-    kept: Sequence[str], visits: dict[str, int], tier: dict[str, int]
+    kept: Sequence[str], starts: dict[int, int], tier: dict[str, int]
 ) -> list[str]:
-    """The kept tasks of the tier whose kept tasks have the fewest groups started in total
-    (ties: the lower tier), in ``kept``'s order: ``argmin_τ Σ_{t ∈ kept, tier(t) = τ} visits(t)``."""
-    starts: dict[int, int] = defaultdict(int)
-    for t in kept:
-        starts[tier[t]] += visits[t]
-    chosen = min(starts, key=lambda x: (starts[x], x))
+    """The kept tasks of the tier with the fewest groups started (ties: the lower tier), in
+    ``kept``'s order: ``argmin_τ starts[τ]`` over the tiers with a kept task."""
+    chosen = min({tier[t] for t in kept}, key=lambda x: (starts.get(x, 0), x))
     return [t for t in kept if tier[t] == chosen]
 
 
@@ -141,6 +140,8 @@ class Curriculum:
     pools: dict[str, Pool] = field(default_factory=dict)
     visits: dict[str, int] = field(default_factory=dict)
     """Groups started per task (the ``round`` of its next group)."""
+    probe_rounds: dict[str, int] = field(default_factory=dict)
+    """Rounds of ``visits`` that were the probe's, not the loop's (1 after :meth:`replay`)."""
     transitions: list[Transition] = field(default_factory=list)
     started: int = 0
     """Groups started (re-probes every ``reprobe_every``-th): the highest start number given."""
@@ -228,7 +229,7 @@ class Curriculum:
         for g in probe:
             self.observe(g, "probe")
         for tid in self._by_id:
-            self.visits[tid] = 1  # round 0 is the probe's
+            self.visits[tid] = self.probe_rounds[tid] = 1  # round 0 is the probe's
         groups: dict[str, list[Trajectory]] = defaultdict(list)
         for t in logged:
             key = str(t.meta.get("group", ""))
@@ -293,7 +294,7 @@ class Curriculum:
             tid = min(out, key=lambda t: (self.last_start.get(t, -1), self._rank[t]))
         elif kept:  # least visited first (within the least started tier, when balanced)
             if self.cfg.balance_tiers:
-                kept = least_started_tier(kept, self.visits, {t: self._by_id[t].tier for t in kept})  # fmt: skip
+                kept = least_started_tier(kept, self.tier_starts(kept), {t: self._by_id[t].tier for t in kept})  # fmt: skip
             tid = min(kept, key=lambda t: (self.visits[t], self._rank[t]))
         else:
             raise ValueError("the curriculum has no task in any pool")
@@ -303,6 +304,21 @@ class Curriculum:
         if reprobe:
             self.reprobes.add(group_key(tid, r))
         return self._by_id[tid], r, reprobe
+
+    def tier_starts(self, kept: Sequence[str]) -> dict[int, int]:
+        """Groups started per tier, as ``balance_count`` counts them: ``with_probe``, every
+        round of the tier's kept tasks, the probe's included (``Σ_{t ∈ kept} visits(t)``, so
+        the tier with fewer kept tasks starts alone until its total catches up); ``loop``,
+        only the loop's groups of every task of the tier, re-probes included (tiers
+        alternate from the first group)."""
+        out: dict[int, int] = defaultdict(int)
+        if self.cfg.balance_count == "with_probe":
+            for t in kept:
+                out[self._by_id[t].tier] += self.visits[t]
+        else:
+            for t, n in self.visits.items():
+                out[self._by_id[t].tier] += n - self.probe_rounds.get(t, 0)
+        return dict(out)
 
     def _pool_members(self, pool: Pool) -> list[str]:
         return [t for t, p in self.pools.items() if p == pool]

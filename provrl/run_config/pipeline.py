@@ -203,6 +203,13 @@ class CurriculumConfig(Section):
         "(tier 2 against tier 1 in a default run) gets as many groups as the "
         "larger one (False: the kept pool is one pool, least visited first).",
     )
+    balance_count: Literal["with_probe", "loop"] = Field(
+        "with_probe",
+        description="What balance_tiers counts as a tier's groups started. with_probe: every "
+        "round of its kept tasks, the probe's included, so the tier with fewer kept tasks "
+        "starts alone until its total catches up (tier 2 first in a default run); "
+        "loop: only the loop's groups, so the tiers alternate from the first group.",
+    )
     skip_zero_signal: bool = Field(
         True,
         description="Never train on a group whose rewards are all equal (every advantage 0; it "

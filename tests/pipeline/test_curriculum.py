@@ -104,8 +104,27 @@ def test_balanced_tiers_give_the_smaller_tier_as_many_groups():
 
 def test_least_started_tier_breaks_ties_by_the_lower_tier():
     kept, tier = ["a", "b", "c"], {"a": 2, "b": 1, "c": 2}
-    assert least_started_tier(kept, {"a": 0, "b": 0, "c": 0}, tier) == ["b"]
-    assert least_started_tier(kept, {"a": 1, "b": 3, "c": 1}, tier) == ["a", "c"]
+    assert least_started_tier(kept, {}, tier) == ["b"]
+    assert least_started_tier(kept, {1: 3, 2: 2}, tier) == ["a", "c"]
+    assert least_started_tier(["a"], {1: 0, 2: 5}, tier) == ["a"]  # only tiers with a kept task
+
+
+@pytest.mark.parametrize("count", ["with_probe", "loop"])
+def test_balance_counts_the_probe_or_only_the_loop(count):
+    """Six tier-1 and two tier-2 kept tasks, each probed once. balance_count=with_probe counts
+    the probe's round: tier 2 gets the first four groups (until 2 + 4 = 6), then the tiers
+    alternate; loop counts only the loop's groups: the tiers alternate from the first."""
+    tasks = _tasks(6) + [
+        Task(f"u{i}", "train", 2, "two_hop", f"q{i}?", f"b{i}", [], f"f{i}", [], 2)
+        for i in range(2)
+    ]
+    from provrl.rollout.collector import Group
+
+    cfg = CFG.model_copy(update={"reprobe_every": 0, "balance_tiers": True, "balance_count": count})
+    probe = [Group(t, 0, _samples(t, 0, 4, 8)) for t in tasks]  # K = 4 of 8: all kept
+    cur = Curriculum.restored(tasks, cfg, 3, probe, [], k=8, version=0)
+    tiers = [cur.next_task()[0].tier for _ in range(8)]
+    assert tiers == ([2, 2, 2, 2, 1, 2, 1, 2] if count == "with_probe" else [1, 2] * 4)
 
 
 def test_unknown_task_and_empty_curriculum_are_refused():
