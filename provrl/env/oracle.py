@@ -188,8 +188,8 @@ def run_explorer(
     plan = len(task.oracle)
     budget = max(0, max_calls - plan)  # extras allowed on top of the plan's searches
 
-    said: list[str] = [plan_thought(task)]  # said once before the next call: the plan, then
-    # what the latest exact search revealed
+    # said once, before the next call: first the plan, then what each exact search revealed
+    said: list[str] = [plan_thought(task)]
 
     def call(name: str, arg: str, thought: str) -> str:
         t0 = time.perf_counter()

@@ -140,8 +140,9 @@ class Curriculum:
     pools: dict[str, Pool] = field(default_factory=dict)
     visits: dict[str, int] = field(default_factory=dict)
     """Groups started per task (the ``round`` of its next group)."""
-    probe_rounds: dict[str, int] = field(default_factory=dict)
-    """Rounds of ``visits`` that were the probe's, not the loop's (1 after :meth:`replay`)."""
+    probe_rounds: int = 0
+    """Rounds of every task's ``visits`` that were the probe's, not the loop's (1 after
+    :meth:`replay`)."""
     transitions: list[Transition] = field(default_factory=list)
     started: int = 0
     """Groups started (re-probes every ``reprobe_every``-th): the highest start number given."""
@@ -229,7 +230,8 @@ class Curriculum:
         for g in probe:
             self.observe(g, "probe")
         for tid in self._by_id:
-            self.visits[tid] = self.probe_rounds[tid] = 1  # round 0 is the probe's
+            self.visits[tid] = 1  # round 0 is the probe's
+        self.probe_rounds = 1
         groups: dict[str, list[Trajectory]] = defaultdict(list)
         for t in logged:
             key = str(t.meta.get("group", ""))
@@ -317,7 +319,7 @@ class Curriculum:
                 out[self._by_id[t].tier] += self.visits[t]
         else:
             for t, n in self.visits.items():
-                out[self._by_id[t].tier] += n - self.probe_rounds.get(t, 0)
+                out[self._by_id[t].tier] += n - self.probe_rounds
         return dict(out)
 
     def _pool_members(self, pool: Pool) -> list[str]:
