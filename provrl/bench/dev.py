@@ -12,7 +12,9 @@ wall time and peak RSS:
   policies' raw per-task accuracies;
 * ``rl``: per step and over the run, the share of trained trajectories spanning ≥ 2
   versions, the zero-signal share of finished groups, the distinct-sample share of the
-  batch, the KV-staleness share; the raw step records' scalars.
+  batch, the KV-staleness share; the raw step records' scalars;
+* ``plans`` (reasoning runs): the plan each episode's first thought states, per tier, in the
+  probe, in RL per version block and in both evals, with its accuracy (:func:`plan_split`).
 
 Several runs may share their world, warm start, probe and filter (``shared``): only the RL
 stage and the eval run again, as in ``provrl bench learning``.
@@ -22,7 +24,7 @@ from __future__ import annotations
 
 import json
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -37,6 +39,9 @@ from provrl.bench.learning import (
     eval_args,
     repeated_call,
 )
+from provrl.config import load_yaml
+from provrl.env.oracle import stated_plan
+from provrl.models.loading import load_tokenizer
 from provrl.pipeline.rundir import RunDir
 from provrl.pipeline.steplog import read_steps
 from provrl.trajlog import read_all
@@ -159,6 +164,57 @@ def tier_blocks(log: Path, block: int = 4) -> dict[str, dict[str, dict[str, Any]
     return out
 
 
+def plan_split(
+    log: Path, decode: Callable[[list[int]], str], block: int = 4
+) -> dict[str, dict[str, dict[str, dict[str, float]]]]:
+    """The plan each episode's first action states (:func:`provrl.env.oracle.stated_plan`:
+    ``"1"``, ``"2"``, … searches, or ``"none"``), by the block of ``block`` versions its oldest
+    action token was sampled under, by tier: episodes and accuracy per plan
+    (``{"0-3": {"1": {"2": {"episodes": 115, "accuracy": 0.46}}}}``). With a reasoning warm
+    start the plan sentence decides an episode before any result is read; this shows whether
+    the warm start says the right one per tier and which way RL moved it. ``decode`` turns
+    token ids into text (the run's tokenizer)."""
+    cells: dict[tuple[int, str, str], list[float]] = {}
+    for t in read_all(log) if log.is_file() else []:
+        first = next((s for s in t.segments if s.kind == "action"), None)
+        if first is None:
+            continue
+        n = stated_plan(decode(t.token_id[first.start : first.end].tolist()))
+        v = int(t.version[t.is_action].min()) // block
+        key = (v, str(int(t.metrics.get("tier", 0))), "none" if n is None else str(n))
+        cells.setdefault(key, []).append(float(t.metrics.get("exact_match", 0.0)))
+    out: dict[str, dict[str, dict[str, dict[str, float]]]] = {}
+    for (v, tier, plan), ems in sorted(cells.items()):
+        span = f"{v * block}-{v * block + block - 1}"
+        out.setdefault(span, {}).setdefault(tier, {})[plan] = {
+            "episodes": len(ems),
+            "accuracy": float(np.mean(ems)),
+        }
+    return out
+
+
+def plan_splits(run_dir: Path) -> dict[str, Any] | None:
+    """:func:`plan_split` of the probe (the warm start, version 0), RL's trajectories and the
+    two dev evals of a reasoning run; None when the run's agent does not reason (or the
+    directory holds no config.yaml to say)."""
+    f = run_dir / "config.yaml"
+    cfg = load_yaml(f) if f.is_file() else {}
+    if not cfg.get("env", {}).get("agent", {}).get("reasoning", False):
+        return None
+    tok = load_tokenizer(str(cfg.get("model", {}).get("name", "smollm2-135m")))
+
+    def decode(ids: list[int]) -> str:
+        return str(tok.decode(ids))
+
+    logs = {
+        "probe": run_dir / "probe" / "trajectories.jsonl",
+        "rl": run_dir / "rl" / "trajectories.jsonl",
+        "eval_warmstart": run_dir / "eval" / "warmstart" / "trajectories.jsonl",
+        "eval_rl": run_dir / "eval" / "rl" / "trajectories.jsonl",
+    }
+    return {k: plan_split(f, decode) for k, f in logs.items() if f.is_file()}
+
+
 def _group_mean(cell: list[list[Any]], metric: str) -> float:
     """A metric averaged over each group's episodes, then over the groups."""
     return float(np.mean([np.mean([float(t.metrics.get(metric, 0.0)) for t in g]) for g in cell]))
@@ -183,6 +239,9 @@ def summarize_run(run_dir: str | Path) -> dict[str, Any]:
         },
         "rl": rl_summary(d / "rl"),
     }
+    plans = plan_splits(d)
+    if plans is not None:
+        out["plans"] = plans
     filt = d / "filter" / "done.json"
     if filt.is_file():
         out["filter"] = json.loads(filt.read_text()) | {"per_tier": pool_tiers(d / "filter")}

@@ -20,6 +20,7 @@ them starts out over-searching, which leaves RL's tool-call cost something to cu
 
 from __future__ import annotations
 
+import re
 import time
 from dataclasses import dataclass, field
 
@@ -99,6 +100,25 @@ def plan_thought(task: Task) -> str:
         "The question asks about what the name in it leads to, so I need "
         f"{count} searches: the name first, then what it shows."
     )
+
+
+_ONE_SEARCH = "names what it asks about"
+_N_SEARCHES = re.compile(r"so I need (\w+) searches")
+
+
+def stated_plan(text: str) -> int | None:
+    """How many searches a policy's first ``<think>`` commits to, read back from
+    :func:`plan_thought`'s sentences: 1, n ≥ 2, or None when neither sentence is there (no plan
+    stated, or a plan in other words). What the warm start learned to say per tier, and what
+    RL moved it to, without a tokenizer-side judge."""
+    if _ONE_SEARCH in text:
+        return 1
+    m = _N_SEARCHES.search(text)
+    if m is None:
+        return None
+    words = {w: n for n, w in _COUNT.items()}
+    word = m.group(1)
+    return words.get(word, int(word) if word.isdigit() else None)
 
 
 def run_oracle(

@@ -8,7 +8,7 @@ import math
 
 import pytest
 
-from provrl.bench.dev import rl_summary, summarize_run, teacher_calls, tier_blocks
+from provrl.bench.dev import plan_split, rl_summary, summarize_run, teacher_calls, tier_blocks
 from provrl.provenance import TrajectoryBuilder
 from provrl.trajlog import TrajectoryWriter
 
@@ -175,6 +175,41 @@ def test_a_blocks_search_counts_and_signal_are_per_tier(tmp_path):
     assert cell["calls_hist"] == {"1": 4, "2": 2}
     assert cell["accuracy_by_calls"] == {"1": 0.0, "2": 1.0}
     assert cell["accuracy"] == pytest.approx((1 / 3 + 0 + 1) / 3)  # per group, then averaged
+
+
+def test_the_plan_split_counts_each_first_thoughts_plan_per_tier_and_version_block(tmp_path):
+    """An episode's plan is read from its first action only (a later turn's words do not
+    count), per the block of its oldest version and its tier, with the accuracy of each plan."""
+    texts = {
+        7: "<think>The question names what it asks about, so one search should show it.",
+        8: "<think>The question asks about what the name in it leads to, so I need two searches",
+        9: "<think>I search.",
+    }
+
+    def traj(tid: str, tier: int, first: int, version: int, em: float, later: int = 9):
+        b = TrajectoryBuilder(tid, "t")
+        b.add_prompt([1, 2])
+        for tok in (first, later):
+            b.add_actions([tok], logprob=[-0.1], kept_mass=[1.0], version=[version],
+                          kv_min=[version], kv_max=[version], replica=0)  # fmt: skip
+            b.add_observation([3])
+        t = b.build()
+        t.metrics.update(tier=tier, exact_match=em)
+        return t
+
+    f = tmp_path / "rl" / "trajectories.jsonl"
+    _write(f, [
+        traj("a", 1, 7, 0, 1.0), traj("b", 1, 7, 1, 0.0), traj("c", 1, 8, 2, 0.0, later=7),
+        traj("d", 2, 8, 0, 1.0), traj("e", 2, 9, 0, 0.0, later=8), traj("f", 2, 7, 5, 0.0),
+    ])  # fmt: skip
+    split = plan_split(f, lambda ids: " ".join(texts.get(i, "") for i in ids))
+    assert split == {
+        "0-3": {
+            "1": {"1": {"episodes": 2, "accuracy": 0.5}, "2": {"episodes": 1, "accuracy": 0.0}},
+            "2": {"2": {"episodes": 1, "accuracy": 1.0}, "none": {"episodes": 1, "accuracy": 0.0}},
+        },
+        "4-7": {"2": {"1": {"episodes": 1, "accuracy": 0.0}}},
+    }
 
 
 def test_a_resumed_runs_sessions_are_counted(tmp_path):

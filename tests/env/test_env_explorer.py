@@ -7,7 +7,7 @@ import numpy as np
 
 from provrl.env.build import load_split
 from provrl.env.config import ExplorerConfig
-from provrl.env.oracle import run_explorer, run_oracle
+from provrl.env.oracle import plan_thought, run_explorer, run_oracle, stated_plan
 from provrl.env.search import query_terms
 
 
@@ -109,3 +109,18 @@ def test_a_reasoning_teacher_says_whether_each_result_answers_the_question(
                     f"The results show {step.reveals}, which does not answer the question yet."
                     in said
                 )
+
+
+def test_the_stated_plan_is_read_back_from_the_teachers_plan_sentence(small_world):
+    """:func:`stated_plan` inverts :func:`plan_thought` (the searches its sentence names are the
+    task's hop count, 1 to 6) inside a policy's think and around other text, and says None where
+    neither sentence is written."""
+    from dataclasses import replace
+
+    task = next(t for t in load_split(small_world, "train") if t.tier == 2)
+    for hops in range(1, 7):
+        t = replace(task, oracle=[task.oracle[0]] * hops)
+        text = f"<think>{plan_thought(t)} I search for the name in the question.</think>\n"
+        assert stated_plan(text) == hops
+    assert stated_plan("<think>I search for the name in the question.</think>") is None
+    assert stated_plan("so I need many searches") is None
