@@ -50,6 +50,7 @@ import numpy as np
 import torch
 
 from provrl._sys import write_json
+from provrl.failpoints import failpoint
 from provrl.models.checkpoint import save_checkpoint
 from provrl.models.loading import load_model
 from provrl.provenance import ProvenanceError, Trajectory, TrajectoryBatch
@@ -419,6 +420,7 @@ def train_sft(
                     },
                     prefix="sft",
                 )
+            failpoint("sft.step")  # crash tests: a step trained and logged, SFT not finished
             bar.set_postfix(loss=f"{loss_sum:.3f}", lr=f"{lr:.2e}", epoch=epoch, refresh=False)
             bar.update(1)
     finally:
