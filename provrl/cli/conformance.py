@@ -19,7 +19,13 @@ def conformance(
     backend: Annotated[
         str, typer.Option(help="Engine backend to check: local, vllm or ray.")
     ] = "local",
-    model: Annotated[str, typer.Option(help="Model name (tiny, smollm2-135m) or HF dir.")] = "tiny",
+    model: Annotated[
+        str,
+        typer.Option(
+            help="Model name (tiny, smollm2-135m; tiny-h32: the tiny model with 32-wide heads, "
+            "which vLLM's CPU attention needs) or HF dir."
+        ),
+    ] = "tiny",
     dtype: Annotated[
         str, typer.Option(help="Engine dtype: float32, bfloat16, float16.")
     ] = "float32",
@@ -48,6 +54,7 @@ def conformance(
     stamps across keep / recompute / drain hot-loads. Exit 0 pass, 1 fail, 2 bad input."""
     import yaml
 
+    from provrl.bench.engine import vllm_tiny_model
     from provrl.conformance.config import ConformanceConfig
     from provrl.conformance.run import CHECKS, run_conformance
     from provrl.engine.config import EngineConfig
@@ -66,7 +73,7 @@ def conformance(
     fields.update({k: v for k, v in flags.items() if v is not None}, seed=seed)
     cfg = ConformanceConfig(**fields)
 
-    lm = load_model(model)
+    lm = vllm_tiny_model() if model == "tiny-h32" else load_model(model)
     run_cfg = RunConfig()
     n_ctx = 512 if model.startswith("tiny") else 2048
     engine_cfg = EngineConfig(

@@ -124,6 +124,17 @@ class OffByOneStamps(Wrapped):
         return out
 
 
+class StaleKVStampedFresh(Wrapped):
+    """A LocalEngine that, once it has hot-loaded, stamps every token's kv_min with its own
+    version: a keep hot-load's turn 2 then claims a KV filled under the new version (as an
+    engine that re-prefills each turn may) while it reads the old version's."""
+
+    def restamp(self, out: TurnOutput) -> TurnOutput:
+        if self.loads:
+            out.kv_min = out.version.copy()
+        return out
+
+
 class TurnStartStamps(LocalEngine):
     """A LocalEngine that stamps every token of a turn with the version and KV span of the
     turn's first token: right whenever a turn runs under one version, wrong for the tokens

@@ -4,11 +4,12 @@ fails each planted fault, naming the right check."""
 from __future__ import annotations
 
 import pytest
-from planted_faults import (  # type: ignore[import-not-found]
+from planted_faults import (
     SKIPPED,
     KeepWaitsForTheTurn,
     OffByOneStamps,
     SkipsATensor,
+    StaleKVStampedFresh,  # type: ignore[import-not-found]
     TurnStartStamps,
     Wrapped,
     no_recompute,
@@ -66,6 +67,17 @@ def test_an_off_by_one_version_stamp_fails_stamps(tiny, engine_on, small_cfg_con
     assert report.failed() == ["stamps"], [c.line() for c in report.checks]
     err = report.checks[1].error
     assert err is not None and "version" in err
+
+
+def test_a_keep_turn_stamped_fresh_over_stale_kv_fails_stamps(tiny, engine_on, small_cfg_conf):
+    """A kv_min of the new version after a keep swap is believed only if turn 2's log q are
+    those of a KV filled under it (an engine that re-prefills each new turn, as vLLM's
+    version-salted prefix cache does, passes): over the kept KV they are not."""
+    cfg = small_cfg_conf.model_copy(update={"modes": ["keep"]})
+    report = run_conformance(StaleKVStampedFresh(engine_on()), tiny, cfg, only=("stamps",))
+    assert report.failed() == ["stamps"], [c.line() for c in report.checks]
+    err = report.checks[0].error
+    assert err is not None and "keep: turn 2's log q differ from a fresh recompute" in err, err
 
 
 @pytest.mark.parametrize(
