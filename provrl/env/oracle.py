@@ -110,7 +110,7 @@ def stated_plan(text: str) -> int | None:
     """How many searches a policy's first ``<think>`` commits to, read back from
     :func:`plan_thought`'s sentences: 1, n ≥ 2, or None when neither sentence is there (no plan
     stated, or a plan in other words). What the warm start learned to say per tier, and what
-    RL moved it to, without a tokenizer-side judge."""
+    RL moved it to: a match on the teacher's own sentences, no model judging."""
     if _ONE_SEARCH in text:
         return 1
     m = _N_SEARCHES.search(text)
