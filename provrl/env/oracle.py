@@ -104,6 +104,7 @@ def plan_thought(task: Task) -> str:
 
 _ONE_SEARCH = "names what it asks about"
 _N_SEARCHES = re.compile(r"so I need (\w+) searches")
+_COUNT_OF = {w: n for n, w in _COUNT.items()}  # "two" -> 2: plan_thought's words read back
 
 
 def stated_plan(text: str) -> int | None:
@@ -116,9 +117,8 @@ def stated_plan(text: str) -> int | None:
     m = _N_SEARCHES.search(text)
     if m is None:
         return None
-    words = {w: n for n, w in _COUNT.items()}
     word = m.group(1)
-    return words.get(word, int(word) if word.isdigit() else None)
+    return _COUNT_OF.get(word, int(word) if word.isdigit() else None)
 
 
 def run_oracle(
