@@ -276,7 +276,9 @@ def run_dev(
     """Run (or resume) ``RUNS/NAME``: the preset with ``overrides`` on the dev split, then
     :func:`summarize_run`. ``shared``: a finished run whose world, warm start, probe and
     filter are reused (linked) — only RL and eval run again. ``eval_versions``: RL versions
-    whose checkpoints the run keeps and evaluates on the same dev tasks (``eval_at``)."""
+    whose checkpoints the run keeps and evaluates on the same dev tasks (``eval_at``); once
+    every one is evaluated, only the newest checkpoint stays (each is ~1.6 GB for SmolLM2,
+    and a dev round fills a disk)."""
     d = Path(runs).resolve() / name
     d.mkdir(parents=True, exist_ok=True)
     if shared is not None:
@@ -301,6 +303,7 @@ def run_dev(
             cmd += ["--json", "--run-dir", str(ev), "--policy", str(d / "rl" / f"ckpt-v{v}")]
             _run(cmd, d.parent / f"{name}.log")
         eval_at[str(v)] = version_eval(d, ev)
+    RunDir(d).prune_checkpoints(keep=1)
     sessions = run_sessions(d)
     covers = "the whole run" if sessions <= 1 else f"the last of {sessions} sessions (resumed)"
     return {

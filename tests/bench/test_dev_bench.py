@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import math
+from pathlib import Path
 
 import pytest
 
@@ -219,3 +220,34 @@ def test_a_resumed_runs_sessions_are_counted(tmp_path):
     assert run_sessions(tmp_path) == 0
     (tmp_path / "sessions.jsonl").write_text('{"date": "a"}\n{"date": "b"}\n\n')
     assert run_sessions(tmp_path) == 2
+
+
+def test_a_dev_run_keeps_only_its_newest_checkpoint_once_the_versions_are_evaluated(
+    tmp_path, monkeypatch
+):
+    """The kept versions' checkpoints are deleted after their evals (their eval dirs hold the
+    result); the newest stays. The pipeline run and the summaries are stubbed: only the
+    orchestration of run_dev is under test."""
+    import provrl.bench.dev as dev
+    from provrl.pipeline.rundir import COMPLETE, RunDir
+
+    d = tmp_path / "runs" / "x"
+    for v in (15, 19, 20):
+        (d / "rl" / f"ckpt-v{v}").mkdir(parents=True)
+        (d / "rl" / f"ckpt-v{v}" / COMPLETE).write_text("")
+    evaluated = []
+
+    def fake_run(args, log):
+        if "--policy" in args:  # an eval of a kept version: needs its checkpoint
+            ckpt = Path(args[args.index("--policy") + 1])
+            assert (ckpt / COMPLETE).is_file()
+            evaluated.append(ckpt.name)
+        return {"wall_s": 0.0, "peak_rss_gb": 0.0}
+
+    monkeypatch.setattr(dev, "_run", fake_run)
+    monkeypatch.setattr(dev, "eval_args", lambda *a, **k: ["eval"])
+    monkeypatch.setattr(dev, "version_eval", lambda run_dir, ev: {})
+    monkeypatch.setattr(dev, "summarize_run", lambda run_dir: {})
+    dev.run_dev("x", runs=tmp_path / "runs", eval_versions=[15])
+    assert evaluated == ["ckpt-v15"]
+    assert [v for v, _ in RunDir(d).checkpoints()] == [20]
