@@ -51,6 +51,7 @@ class TrainerActor:
         seed: int,
         threads: int,
         optimizer_state: str | None,
+        reference: str | None = None,
     ) -> None:
         import torch
 
@@ -64,6 +65,7 @@ class TrainerActor:
             version=version,
             metrics=self.metrics,
             optimizer_state=optimizer_state,
+            reference=reference,
         )
 
     def step(
@@ -113,10 +115,12 @@ class RayLearner:
         metrics: Any = None,
         optimizer_state: str | os.PathLike[str] | None = None,
         start_timeout_s: float = 900.0,
+        reference: str | os.PathLike[str] | None = None,
     ) -> None:
         """``lm_ref``: the LoadedModel (or its object-store reference) holding the weights
         of ``version``; ``rl``: the RLConfig; ``threads``: torch threads of the actor
-        (``ray.trainer_threads``, 0 = this process's count)."""
+        (``ray.trainer_threads``, 0 = this process's count); ``reference``: the KL
+        reference a resumed learner loads (:class:`~provrl.train.learner.LocalLearner`)."""
         import ray
         from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
@@ -142,6 +146,7 @@ class RayLearner:
             seed=seed,
             threads=threads,
             optimizer_state=None if optimizer_state is None else str(optimizer_state),
+            reference=None if reference is None else str(reference),
         )
         self._info: dict[str, Any] = ray.get(self.actor.info.remote(), timeout=start_timeout_s)
 

@@ -144,6 +144,7 @@ def build_rl_parts(
             metrics=metrics,
             threads=trainer_threads,
             optimizer_state=optimizer_state,
+            reference=start_policy,  # π_ref of the KL penalty, also after a resume
         )
     except BaseException:  # a part that fails to build closes the ones already built
         if metrics is not None:

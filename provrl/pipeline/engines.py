@@ -67,12 +67,14 @@ def make_learner(
     metrics: Any = None,
     threads: int = 0,
     optimizer_state: str | os.PathLike[str] | None = None,
+    reference: str | os.PathLike[str] | None = None,
 ) -> Learner:
     """The RL stage's learner: ``engine.backend: ray`` → a :class:`RayLearner`, the trainer
     in a Ray actor starting from the model the replicas started from (``engine.model_ref``);
     otherwise a :class:`LocalLearner` over ``lm.model`` in this process. ``threads``: torch
     threads the trainer should use (0: ``ray.trainer_threads``, else the process default);
-    ``optimizer_state``: the checkpoint directory a resumed run restores the optimizer from."""
+    ``optimizer_state``: the checkpoint directory a resumed run restores the optimizer from;
+    ``reference``: the start policy, the KL penalty's π_ref when resuming."""
     if cfg.engine.backend == "ray":
         ray: RayConfig = cfg.ray
         return RayLearner(
@@ -84,6 +86,7 @@ def make_learner(
             threads=threads or ray.trainer_threads,
             metrics=metrics,
             optimizer_state=optimizer_state,
+            reference=reference,
         )
     # the engines round the published weights to their dtype anyway: publish them in it
     publish = DTYPES[cfg.engine.dtype] if cfg.engine.dtype != cfg.model.dtype else None
@@ -94,4 +97,5 @@ def make_learner(
         metrics=metrics,
         optimizer_state=optimizer_state,
         publish_dtype=publish,
+        reference=reference,
     )

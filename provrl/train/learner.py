@@ -132,6 +132,16 @@ class Learner(Protocol):
     def close(self) -> None: ...
 
 
+def load_reference(path: str | os.PathLike[str], like: LoadedModel) -> Any:
+    """The frozen KL reference π_ref: the model at ``path`` in ``like``'s dtype and device."""
+    from provrl.models.loading import DTYPES, load_model
+
+    param = next(like.model.parameters())
+    dtype = next(k for k, v in DTYPES.items() if v == param.dtype)
+    ref = load_model(str(path), dtype=dtype, device=str(param.device)).model
+    return ref.eval().requires_grad_(False)
+
+
 class LocalLearner:
     """The trainer in this process, over ``lm.model`` (see the module docstring)."""
 
@@ -144,15 +154,28 @@ class LocalLearner:
         metrics: Any = None,
         optimizer_state: str | os.PathLike[str] | None = None,
         publish_dtype: Any = None,
+        reference: str | os.PathLike[str] | None = None,
     ) -> None:
         """``rl``: the :class:`~provrl.train.config.RLConfig`; ``optimizer_state``: a
         checkpoint directory holding :data:`OPTIMIZER_FILE` (a resumed run), or None;
         ``publish_dtype``: the torch dtype of the weights each step hands to the engines (the
-        engines' own; None: the model's)."""
+        engines' own; None: the model's); ``reference``: the policy π_ref of the KL penalty
+        (``rl.objective.kl_coef``), the run's start policy. At version 0 ``lm`` is that policy
+        and is copied; a resumed learner (version > 0) loads ``reference`` instead, so that the
+        penalty still pulls toward the start and not toward the checkpoint resumed from."""
         from provrl.train.rl import RLTrainer
 
         pad = lm.tokenizer.pad_token_id
         self.lm = lm
+        ref_model = None
+        if rl.objective.kl_coef > 0 and version > 0:
+            if reference is None:
+                raise ValueError(
+                    f"rl.objective.kl_coef > 0 and the learner resumes at version {version}: "
+                    "it needs the start policy as the KL reference (reference=…), or the "
+                    "penalty would pull toward the resumed checkpoint"
+                )
+            ref_model = load_reference(reference, lm)
         self.trainer = RLTrainer(
             lm.model,
             rl,
@@ -161,6 +184,7 @@ class LocalLearner:
             metrics=metrics,
             tokenizer=lm.tokenizer_identity,
             publish_dtype=publish_dtype,
+            ref_model=ref_model,
         )
         self.durable: Path | None = lm.path
         """The last saved weights (and optimizer state, if any): where :meth:`rollback`

@@ -156,3 +156,28 @@ def test_the_guard_counts_refused_steps_and_stops_after_the_limit():
     with pytest.raises(NonFiniteError, match=r"rl step 2: 2 updates in a row were not finite") as e:
         guard.skipped(bad, 2)
     assert "\n" not in str(e.value) and guard.total == 3
+
+
+def test_a_resumed_learner_keeps_the_start_policy_as_its_kl_reference(tmp_path):
+    """With a KL penalty, π_ref is the run's start policy: at version 0 the learner copies
+    the model it starts from; resumed (version > 0) from a checkpoint with other weights, it
+    loads the start policy instead of copying the checkpoint — and refuses to guess."""
+    from provrl.objectives.config import ObjectiveConfig
+
+    start, resumed = load_model("tiny", seed=0), load_model("tiny", seed=1)
+    start_dir = tmp_path / "start"
+    start.model.save_pretrained(start_dir)
+    start.tokenizer.save_pretrained(start_dir)
+    rl = RLConfig(objective=ObjectiveConfig(kl_coef=0.1))
+
+    def same(a, b) -> bool:
+        return all(torch.equal(x, y) for x, y in zip(a.parameters(), b.parameters(), strict=True))
+
+    fresh = LocalLearner(start, rl, version=0)
+    assert same(fresh.trainer.ref_model, start.model)
+    later = LocalLearner(resumed, rl, version=3, reference=start_dir)
+    assert same(later.trainer.ref_model, start.model)
+    assert not same(later.trainer.ref_model, resumed.model)
+    assert not any(p.requires_grad for p in later.trainer.ref_model.parameters())
+    with pytest.raises(ValueError, match="KL reference"):
+        LocalLearner(load_model("tiny", seed=1), rl, version=3)
