@@ -186,20 +186,29 @@ def support_excluded_mass(
     lead = logits.shape[:-1]
     V = logits.shape[-1]
     dev = logits.device
-    tp = torch.as_tensor(top_p, dtype=torch.float64, device=dev).expand(lead)
-    tk = torch.as_tensor(top_k, dtype=torch.int64, device=dev).expand(lead)
+    tp = torch.as_tensor(top_p, dtype=torch.float64, device=dev).expand(lead).reshape(-1)
+    tk = torch.as_tensor(top_k, dtype=torch.int64, device=dev).expand(lead).reshape(-1)
     temp = torch.as_tensor(temperature, dtype=torch.float64, device=dev).expand(lead)
-    temp = torch.where(temp > 0, temp, 1.0)
-    p = torch.softmax(logits.double() / temp[..., None], dim=-1)
+    temp = torch.where(temp > 0, temp, 1.0).reshape(-1)
+    out = torch.zeros(tp.shape, dtype=torch.float64, device=dev)
+    # Only rows whose sampler truncates are sorted: with top_p ≥ 1 and no top-k the kept
+    # set is the whole vocabulary and the mass is exactly 0 (the sort of [N, V] in float64
+    # was most of a training step's LM-head time at the default sampling, top_p = 1).
+    cut = (tp < 1) | ((tk > 0) & (tk < V))
+    if not bool(cut.any()):
+        return out.reshape(lead)
+    z, tp, tk, temp = logits.reshape(-1, V)[cut], tp[cut], tk[cut], temp[cut]
+    p = torch.softmax(z.double() / temp[:, None], dim=-1)
     ps, _ = torch.sort(p, dim=-1, descending=True)
     k = torch.where((tk > 0) & (tk < V), tk, V)
     rank = torch.arange(V, device=dev).expand_as(ps)
-    in_k = rank < k[..., None]
+    in_k = rank < k[:, None]
     topk_mass = torch.where(in_k, ps, 0.0).sum(-1, keepdim=True)
     before = torch.cumsum(torch.where(in_k, ps, 0.0), dim=-1) - torch.where(in_k, ps, 0.0)
-    keep = in_k & (before < tp[..., None] * topk_mass)
-    keep[..., 0] = True
-    return torch.where(keep, 0.0, ps).sum(-1)
+    keep = in_k & (before < tp[:, None] * topk_mass)
+    keep[:, 0] = True
+    out[cut] = torch.where(keep, 0.0, ps).sum(-1)
+    return out.reshape(lead)
 
 
 def version_lag_histogram(

@@ -177,7 +177,7 @@ class RLConfig(Section):
     support_diagnostic: bool = Field(
         True,
         description="Compute π_θ's mass outside each trajectory's top-k/top-p support "
-        "(sorts the vocabulary per action token; skipped when nothing was truncated).",
+        "(sorts the vocabulary per action token of a truncated row; skipped when nothing was truncated).",
     )
     entropy: bool = Field(True, description="Log the mean entropy of π_θ on action tokens.")
     lag_buckets: int = Field(

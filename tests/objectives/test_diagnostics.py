@@ -155,3 +155,20 @@ def test_nonfinite_count_and_empty_inputs():
     lq = LOGQ.clone()
     lq[0, 1] = math.nan
     assert math.isfinite(behaviour_kl(LOGP, lq, MASK)["kl_q_pi_k3"])
+
+
+def test_support_skips_rows_without_truncation():
+    """Rows sampled with top_p = 1 and no top-k exclude nothing: exactly 0, and mixed with
+    truncating rows each row keeps its own value (the fast path sorts only those)."""
+    g = torch.Generator().manual_seed(1)
+    logits = 2.0 * torch.randn(3, 4, 50, generator=g)
+    tp = torch.tensor([[1.0, 0.9, 1.0, 1.0]] * 3)
+    tk = torch.tensor([[0, 0, 7, 50]] * 3)
+    got = support_excluded_mass(logits, top_p=tp, top_k=tk)
+    assert got.shape == (3, 4) and got.dtype == torch.float64
+    for i in range(3):
+        for j in range(4):
+            one = support_excluded_mass(logits[i, j], top_p=float(tp[i, j]), top_k=int(tk[i, j]))
+            assert float(got[i, j]) == float(one)
+    assert got[:, 0].eq(0).all() and got[:, 3].eq(0).all() and got[:, 1:3].gt(0).all()
+    assert support_excluded_mass(logits).eq(0).all()
