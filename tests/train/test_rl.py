@@ -334,3 +334,49 @@ def test_progress_counts_the_trained_share_of_the_step(tiny, sampled, monkeypatc
     assert len(seen) > 1 and seen[0] == 0.0
     assert seen == sorted(seen) and seen[-1] < 1.0
     assert trainer.progress == 0.0
+
+
+@pytest.mark.parametrize("checkpointing", [False, True])
+def test_weights_cast_once_per_step_gives_the_same_bf16_step(tiny, sampled, checkpointing):
+    """Under bf16 autocast the trainer casts each weight once per optimizer step
+    (``_weights_cast_once``: autocast's weight cache lives as long as the outermost
+    context), not once per micro-batch. The cast is deterministic, so the step is the same
+    one: identical gradients and weights after two optimizer steps (two minibatches, so the
+    cache must also not outlive a step), with and without recomputed layers."""
+    import contextlib
+
+    pad = tiny.tokenizer.pad_token_id
+    cfg = RLConfig(
+        lr=1e-3,
+        autocast="bfloat16",
+        minibatches=2,
+        packing="rows",
+        micro_batch_tokens=64,
+        gradient_checkpointing=checkpointing,
+    )
+    outs, micro = [], []
+    for once in (True, False):
+        m = copy.deepcopy(tiny.model)
+        trainer = RLTrainer(m, cfg, pad_token_id=pad)
+        if not once:  # the old way: a fresh autocast context (and cast) per micro-batch
+            trainer._weights_cast_once = contextlib.nullcontext  # type: ignore[method-assign]
+        loss = trainer._micro_loss
+
+        def counted(*args, _loss=loss, _once=once, **kwargs):
+            micro.append(_once)
+            return _loss(*args, **kwargs)
+
+        trainer._micro_loss = counted  # type: ignore[method-assign]
+        result = trainer.step(fresh(sampled))
+        assert result.metrics["optimizer_steps"] == 2
+        outs.append(
+            (
+                torch.cat([p.grad.flatten() for p in m.parameters() if p.grad is not None]),
+                torch.cat([p.detach().flatten() for p in m.parameters()]),
+                result.metrics["loss"],
+            )
+        )
+    (g1, w1, l1), (g0, w0, l0) = outs
+    assert micro.count(True) >= 4  # several micro-batches per optimizer step
+    assert g1.abs().max() > 0
+    assert torch.equal(g1, g0) and torch.equal(w1, w0) and l1 == l0
