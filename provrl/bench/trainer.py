@@ -31,7 +31,10 @@ trie); ``real_run`` — the median over the RL steps of a run given as ``sharing
 Each child loads the model, runs one warm-up step under :class:`torch.utils.flop_counter.
 FlopCounterMode` (the matmul FLOPs of exactly that work; CPU attention kernels are not
 counted, so the FLOP rate is a lower bound), resets its high-water mark
-(``/proc/self/clear_refs`` ← 5) and times one step. It reports tokens/s (every token of
+(``/proc/self/clear_refs`` ← 5) and times one step. The step times come from ``repeats``
+interleaved children per side that run glibc's allocator as the RL loop does; the memory
+figures from one more child per side that pins glibc's mmap threshold, so that its peak
+repeats (:attr:`SideSpec.pin_allocator`: pinned, every step ran about twice as slow). It reports tokens/s (every token of
 every trajectory over the step's wall time), action tokens/s, the peak RSS and a memory
 breakdown: runtime (the process before the model), weights, gradients, optimizer state,
 activations (the peak bytes autograd held for backward, counted by saved-tensor hooks by
@@ -241,6 +244,12 @@ class SideSpec:
     rl_overrides: dict[str, Any]
     reference_micro_batch: int = 4
     count_flops: bool = True
+    pin_allocator: bool = True
+    """Pin glibc's mmap threshold (:func:`provrl._sys.pin_mmap_threshold`): the memory
+    children, whose peak must repeat. The timing children run with glibc's defaults, as the
+    RL loop does: pinned at 128 KiB every activation-sized tensor is a fresh ``mmap`` whose
+    pages fault in again, which made every side's step about twice as slow as in a run
+    (SmolLM2, trainer fixture, 2 threads: ``provrl_rows`` 68.7 s pinned, about 30 s not)."""
 
 
 def _rl_config(overrides: dict[str, Any]) -> Any:
@@ -410,7 +419,8 @@ def run_side(spec: SideSpec) -> dict[str, Any]:
     from provrl.models import load_model
     from provrl.train.memory import LM_HEAD_BYTES, SavedTensorMeter, optimizer_mib, tensor_mib
 
-    pinned = pin_mmap_threshold()  # the peak must not depend on the allocator's history
+    # the peak must not depend on the allocator's history (memory children only: SideSpec)
+    pinned = pin_mmap_threshold() if spec.pin_allocator else False
     if spec.threads:
         torch.set_num_threads(spec.threads)
     lm = load_model(spec.model)
@@ -630,11 +640,16 @@ def run_trainer_benchmark(
     trajs = load_batch(fixture or None)
     shape = batch_shape(trajs)
     runs: dict[str, list[dict[str, Any]]] = {s: [] for s in sides}
-    for r in range(repeats):
+    memory: dict[str, dict[str, Any]] = {}
+    for r in range(repeats):  # timing: glibc's allocator as a run has it (SideSpec.pin_allocator)
         for s in sides:
-            spec = SideSpec(s, model, fixture, threads, dict(rl_overrides or {}), reference_micro_batch, count_flops=r == 0)  # fmt: skip
+            spec = SideSpec(s, model, fixture, threads, dict(rl_overrides or {}), reference_micro_batch, count_flops=r == 0, pin_allocator=False)  # fmt: skip
             say(f"repeat {r + 1}/{repeats}: {s}")
             runs[s].append(_spawn(spec))
+    for s in sides:  # memory: the allocator pinned, so that the peak repeats
+        spec = SideSpec(s, model, fixture, threads, dict(rl_overrides or {}), reference_micro_batch, count_flops=False, pin_allocator=True)  # fmt: skip
+        say(f"memory: {s}")
+        memory[s] = _spawn(spec)
     say("matmul rate")
     rate = matmul_rate(threads)
 
@@ -653,9 +668,10 @@ def run_trainer_benchmark(
             "matmul_flops": flops,
             "flops_per_s": flops / step_s,
             "roofline_fraction": flops / step_s / (rate["bf16_gflops"] * 1e9),
-            "peak_rss_mib": med(s, "peak_rss_mib"),
-            "peak_rss_mib_all": [x["peak_rss_mib"] for x in runs[s]],
-            "memory": runs[s][-1]["memory"],
+            "peak_rss_mib": memory[s]["peak_rss_mib"],
+            "peak_rss_mib_timed": [x["peak_rss_mib"] for x in runs[s]],
+            "memory": memory[s]["memory"],
+            "memory_step_s": memory[s]["step_s"],
             "trainer_metrics": runs[s][-1]["trainer_metrics"],
         }
     out: dict[str, Any] = {

@@ -147,9 +147,14 @@ def test_the_speedup_is_against_the_faster_reference_arm(monkeypatch, small_fixt
               "reference": 8.0, "reference_plain": 4.0}  # fmt: skip
     forward = 1000.0
 
+    specs = []
+
     def fake(spec):
-        return {"step_s": step_s[spec.side], "matmul_flops": 1e9, "peak_rss_mib": 100.0,
-                "memory": {}, "trainer_metrics": {"num_forward_tokens": forward}}  # fmt: skip
+        specs.append(spec)
+        pinned = spec.pin_allocator  # the memory child's step is slower: it must not be timed
+        return {"step_s": step_s[spec.side] * (10 if pinned else 1), "matmul_flops": 1e9,
+                "peak_rss_mib": 100.0 if pinned else 50.0, "memory": {"pinned": pinned},
+                "trainer_metrics": {"num_forward_tokens": forward}}  # fmt: skip
 
     monkeypatch.setattr(bench, "_spawn", fake)
     monkeypatch.setattr(bench, "matmul_rate", lambda threads: {"bf16_gflops": 10.0})
@@ -160,6 +165,11 @@ def test_the_speedup_is_against_the_faster_reference_arm(monkeypatch, small_fixt
         {"reference": 8.0, "reference_plain": 4.0}
     )
     assert out["speedup_without_sharing"] == pytest.approx(4.0 / 2.5)
+    # per side: the timed children run glibc's allocator as a run does, one memory child pins it
+    for side in step_s:
+        assert [x.pin_allocator for x in specs if x.side == side] == [False, True]
+        assert out["sides"][side]["peak_rss_mib"] == 100.0
+        assert out["sides"][side]["memory"] == {"pinned": True}
     shape = batch_shape(load_batch(small_fixture))
     sharing = out["prefix_sharing_factor"]
     assert sharing["fixture_step"] == pytest.approx(shape["tokens"] / forward)
