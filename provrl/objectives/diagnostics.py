@@ -192,8 +192,9 @@ def support_excluded_mass(
     temp = torch.where(temp > 0, temp, 1.0).reshape(-1)
     out = torch.zeros(tp.shape, dtype=torch.float64, device=dev)
     # Only rows whose sampler truncates are sorted: with top_p ≥ 1 and no top-k the kept
-    # set is the whole vocabulary and the mass is exactly 0 (the sort of [N, V] in float64
-    # was most of a training step's LM-head time at the default sampling, top_p = 1).
+    # set is the whole vocabulary and the mass is exactly 0 (a float64 sort of a 256-row
+    # chunk of SmolLM2's vocabulary takes seconds on one thread; a batch that mixed
+    # truncated and untruncated rows sorted every row).
     cut = (tp < 1) | ((tk > 0) & (tk < V))
     if not bool(cut.any()):
         return out.reshape(lead)
