@@ -34,8 +34,7 @@ counted, so the FLOP rate is a lower bound), resets its high-water mark
 (``/proc/self/clear_refs`` ← 5) and times one step. The step times come from ``repeats``
 interleaved children per side that run glibc's allocator as the RL loop does; the memory
 figures from one more child per side that pins glibc's mmap threshold, so that its peak
-repeats (:attr:`SideSpec.pin_allocator`: pinned, every step ran about twice as slow). It reports tokens/s (every token of
-every trajectory over the step's wall time), action tokens/s, the peak RSS and a memory
+repeats (:attr:`SideSpec.pin_allocator`). It reports tokens/s (every token of every trajectory over the step's wall time), action tokens/s, the peak RSS and a memory
 breakdown: runtime (the process before the model), weights, gradients, optimizer state,
 activations (the peak bytes autograd held for backward, counted by saved-tensor hooks by
 storage), the transient LM-head logits, the published state-dict copy, and what none of
@@ -248,8 +247,8 @@ class SideSpec:
     """Pin glibc's mmap threshold (:func:`provrl._sys.pin_mmap_threshold`): the memory
     children, whose peak must repeat. The timing children run with glibc's defaults, as the
     RL loop does: pinned at 128 KiB every activation-sized tensor is a fresh ``mmap`` whose
-    pages fault in again, which made every side's step about twice as slow as in a run
-    (SmolLM2, trainer fixture, 2 threads: ``provrl_rows`` 68.7 s pinned, about 30 s not)."""
+    pages fault in again, and every side's step ran slower than in a run (docs/perf.md
+    compares the pinned record with the unpinned one)."""
 
 
 def _rl_config(overrides: dict[str, Any]) -> Any:
@@ -641,15 +640,18 @@ def run_trainer_benchmark(
     shape = batch_shape(trajs)
     runs: dict[str, list[dict[str, Any]]] = {s: [] for s in sides}
     memory: dict[str, dict[str, Any]] = {}
+
+    def child(side: str, *, count_flops: bool, pin_allocator: bool) -> dict[str, Any]:
+        spec = SideSpec(side, model, fixture, threads, dict(rl_overrides or {}), reference_micro_batch, count_flops=count_flops, pin_allocator=pin_allocator)  # fmt: skip
+        return _spawn(spec)
+
     for r in range(repeats):  # timing: glibc's allocator as a run has it (SideSpec.pin_allocator)
         for s in sides:
-            spec = SideSpec(s, model, fixture, threads, dict(rl_overrides or {}), reference_micro_batch, count_flops=r == 0, pin_allocator=False)  # fmt: skip
             say(f"repeat {r + 1}/{repeats}: {s}")
-            runs[s].append(_spawn(spec))
+            runs[s].append(child(s, count_flops=r == 0, pin_allocator=False))
     for s in sides:  # memory: the allocator pinned, so that the peak repeats
-        spec = SideSpec(s, model, fixture, threads, dict(rl_overrides or {}), reference_micro_batch, count_flops=False, pin_allocator=True)  # fmt: skip
         say(f"memory: {s}")
-        memory[s] = _spawn(spec)
+        memory[s] = child(s, count_flops=False, pin_allocator=True)
     say("matmul rate")
     rate = matmul_rate(threads)
 

@@ -748,11 +748,10 @@ class RLTrainer:
         """An autocast context around the micro-batches of one set of weights (one optimizer
         step, one proximal pass, one TRPO surrogate): autocast casts each float32 weight to
         bfloat16 once and keeps the cast until the outermost context exits, where a context
-        per micro-batch cast every weight again for each one (a profile of SmolLM2's
-        row-by-row step on the trainer fixture: the tied 49,152 × 576 embedding was cast 49
-        times, now 18 — once, plus its gradient's cast back per micro-batch). The weights must not
-        change inside it: the cache does not see in-place updates, so the optimizer steps
-        outside. The first cast of a weight must be made with grad enabled (a cast made
+        per micro-batch cast every weight again for each one (and the tied embedding again in
+        each LM-head chunk's recompute); each gradient is still cast back per micro-batch.
+        The weights must not change inside it: the cache does not see in-place updates, so
+        the optimizer steps outside. The first cast of a weight must be made with grad enabled (a cast made
         under ``no_grad`` is cached without its backward), so contexts that mix the two
         (the trainer's grad forwards, then a ``no_grad`` LM head for statistics) start
         with a grad forward, and the ``no_grad`` proximal pass has its own context."""
