@@ -17,6 +17,7 @@ _EXPORTS = {
     "FinishReason": "provrl.engine.api",
     "HotLoadMode": "provrl.engine.api",
     "HotLoadReport": "provrl.engine.api",
+    "ThreadedEngine": "provrl.engine.api",
     "TurnOutput": "provrl.engine.api",
     "generate": "provrl.engine.api",
     "EngineConfig": "provrl.engine.config",

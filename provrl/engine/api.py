@@ -141,6 +141,16 @@ class Engine(Protocol):
     def close(self) -> None: ...
 
 
+@runtime_checkable
+class ThreadedEngine(Protocol):
+    """An engine whose forwards run on this process's cores (the local engine, a router of
+    local replicas), so a caller can change how many of them it uses while it runs."""
+
+    def set_threads(self, n: int) -> None:
+        """torch intra-op threads for every forward from the next engine step on (n ≥ 1)."""
+        ...
+
+
 class EngineFactory(Protocol):
     """Builds the rollout engine that serves ``lm`` (whose weights are ``version``) with the
     settings of ``cfg`` (one replica's :class:`~provrl.engine.config.EngineConfig`).

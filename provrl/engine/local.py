@@ -119,6 +119,10 @@ class LocalEngine:
         self._audits: deque[audit.Audit] = deque()
         self._closed = False
         self._error: BaseException | None = None
+        self._threads = cfg.threads
+        """Intra-op threads the scheduler thread should run with (0: torch's default)."""
+        self._threads_now = 0
+        """The count the scheduler thread last set (0: not set by the engine)."""
         self._t0 = time.perf_counter()
         self._thread = threading.Thread(
             target=self._loop, name=f"provrl-engine-{replica}", daemon=True
@@ -254,6 +258,17 @@ class LocalEngine:
             self._cv.notify_all()
         return fut
 
+    def set_threads(self, n: int) -> None:
+        """Run every forward from the next scheduler step on with ``n`` torch intra-op
+        threads (a step already running keeps its count). The asynchronous RL loop lends
+        the engine the learner's cores while the learner waits for a batch and takes them
+        back when a step starts (``pipeline.loop.lend_cores``)."""
+        if n < 1:
+            raise EngineError(f"set_threads: n must be >= 1, got {n}")
+        with self._cv:
+            self._threads = n
+            self._cv.notify_all()
+
     def stats(self) -> dict[str, float]:
         """The counters (:class:`~provrl.engine.scheduler.EngineCounters`) and gauges."""
         with self._cv:
@@ -270,6 +285,7 @@ class LocalEngine:
                 idle=float(states.count("idle")),
                 slots_used=float(len(sched.resident())),
                 hotloads_pending=float(len(self._hotloads)),
+                threads=float(self._threads_now),  # 0: never set (torch's default)
                 tokens_per_s=c["tokens_generated"] / max(elapsed, 1e-9),
                 busy_tokens_per_s=c["tokens_generated"] / max(c["busy_s"], 1e-9),
                 kv_staleness_mean_abs=c["kv_staleness_sum_abs"] / n if n else float("nan"),
@@ -345,18 +361,24 @@ class LocalEngine:
         """One forward of this replica's weights over its KV cache → fp32 logits [R, V]."""
         return forward(self.weights, self.kv, self.rope, inputs, self._mlp)
 
+    def _apply_threads(self) -> None:
+        """Set the scheduler thread's torch intra-op count to the one asked for (lock held).
+        The count is per calling thread (an OpenMP ICV): it is set here, on the thread that
+        runs every forward, so the callers' threads keep theirs."""
+        if self._threads and self._threads != self._threads_now:
+            torch.set_num_threads(self._threads)
+            self._threads_now = self._threads
+
     def _loop(self) -> None:
-        # torch's intra-op thread count is per calling thread (an OpenMP ICV): set it here, on
-        # the scheduler thread that runs every forward, so the caller's threads keep theirs
-        if self.cfg.threads:
-            torch.set_num_threads(self.cfg.threads)
         sched = self._sched
         try:
             while True:
                 with self._cv:
+                    self._apply_threads()
                     self._cv.wait_for(self._has_work)
                     if self._closed:
                         return
+                    self._apply_threads()
                     self._run_audits()
                     self._hot_load()
                     draining = bool(self._hotloads) and self._hotloads[0].mode == "drain"

@@ -19,7 +19,14 @@ from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import Future
 from typing import Any
 
-from provrl.engine.api import Engine, EngineError, HotLoadMode, HotLoadReport, TurnOutput
+from provrl.engine.api import (
+    Engine,
+    EngineError,
+    HotLoadMode,
+    HotLoadReport,
+    ThreadedEngine,
+    TurnOutput,
+)
 from provrl.engine.hotload import read_weights
 from provrl.provenance import SamplingParams
 
@@ -160,6 +167,13 @@ class Router:
         reports = [self.engines[i].load_weights(sd, version, mode) for i in chosen]
         self.last_reports = reports
         return HotLoadReport.combine(reports, mode, version)
+
+    def set_threads(self, n: int) -> None:
+        """Each replica that runs in this process uses ``n`` torch threads from its next step
+        (:class:`~provrl.engine.api.ThreadedEngine`); others are left alone."""
+        for e in self.engines:
+            if isinstance(e, ThreadedEngine):
+                e.set_threads(n)
 
     def stats(self) -> dict[str, float]:
         """Totals over replicas plus ``r{i}/<name>`` per replica."""

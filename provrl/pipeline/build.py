@@ -26,7 +26,7 @@ from typing import Any
 import torch
 
 from provrl.distributed.factory import fleet_summary
-from provrl.engine.api import Engine, EngineFactory
+from provrl.engine.api import Engine, EngineFactory, ThreadedEngine
 from provrl.models.loading import LoadedModel, load_model
 from provrl.pipeline.engines import engine_factory, make_learner, stage_engine_config
 from provrl.report.metrics import MetricsWriter
@@ -54,6 +54,15 @@ class RLParts:
     """torch threads of the engine's scheduler thread (0: torch's default)."""
     trainer_threads: int
     """torch threads of the learner thread (0: the process default)."""
+    lent_threads: int = 0
+    """torch threads of the engine while the learner waits for a batch (0: no lending;
+    ``pipeline.loop.lend_cores``)."""
+
+    def lend_cores(self, learner_busy: bool) -> None:
+        """``pipeline.loop.lend_cores``: the engine computes on ``engine_threads`` while the
+        learner trains and on ``lent_threads`` while it waits (an in-process engine only)."""
+        if self.lent_threads and isinstance(self.engine, ThreadedEngine):
+            self.engine.set_threads(self.engine_threads if learner_busy else self.lent_threads)
 
     def summary(self) -> dict[str, Any]:
         """What the parts say about this session, for the stage summary (before
@@ -64,7 +73,11 @@ class RLParts:
             "engine": engine,
             "fleet": fleet_summary(self.engine, engine),
             "trainer": self.learner.info(),
-            "threads": {"engine": self.engine_threads, "trainer": self.trainer_threads},
+            "threads": {
+                "engine": self.engine_threads,
+                "trainer": self.trainer_threads,
+                "lent": self.lent_threads,
+            },
         }
 
     def learner_thread(self) -> ThreadPoolExecutor:
@@ -95,14 +108,16 @@ def _set_threads(n: int) -> None:
         torch.set_num_threads(n)
 
 
-def split_threads(cfg: RunConfig) -> tuple[int, int]:
-    """(engine, trainer) torch threads: ``engine.threads`` and the default, or with async
-    ``split_cores`` half of torch's intra-op threads each (at least one)."""
+def split_threads(cfg: RunConfig) -> tuple[int, int, int]:
+    """(engine, trainer, lent) torch threads: ``engine.threads``, the default and no lending,
+    or with async ``split_cores`` half of torch's intra-op threads each (at least one) and,
+    with ``lend_cores``, all of them for the engine while the learner waits."""
     loop = cfg.pipeline.loop
     if loop.mode == "async" and loop.split_cores:
-        half = max(1, torch.get_num_threads() // 2)
-        return half, half
-    return cfg.engine.threads, 0
+        cores = torch.get_num_threads()
+        half = max(1, cores // 2)
+        return half, half, cores if loop.lend_cores and cores > half else 0
+    return cfg.engine.threads, 0, 0
 
 
 def build_rl_parts(
@@ -125,7 +140,7 @@ def build_rl_parts(
     (``optimizer_state``: the checkpoint a resumed run restores the optimizer from)."""
     torch.manual_seed(seed + version)
     lm = load_model(policy, dtype=cfg.model.dtype, device=cfg.model.device)
-    engine_threads, trainer_threads = split_threads(cfg)
+    engine_threads, trainer_threads, lent_threads = split_threads(cfg)
     engine_cfg = stage_engine_config(
         cfg, cfg.pipeline.loop.concurrency, seed=seed + version, threads=engine_threads
     )
@@ -151,4 +166,4 @@ def build_rl_parts(
             metrics.close()
         engine.close()
         raise
-    return RLParts(lm, engine, env, learner, metrics, engine_threads, trainer_threads)
+    return RLParts(lm, engine, env, learner, metrics, engine_threads, trainer_threads, lent_threads)

@@ -18,6 +18,8 @@ Two orchestrations of the same three roles — collector (actor), trainer (learn
         θ_{u+1} = trainer.step(batch)                    (a background thread)
     when a step finishes: commit checkpoint u+1, then engine.load_weights(θ_{u+1}, mode="keep")
         — between two decode steps; in-flight requests keep their KV and continue under u+1.
+    with ``split_cores`` the engine and the learner hold a core each; with ``lend_cores`` the
+        engine also takes the learner's while the learner waits for a batch.
 
 The curriculum picks each group's task (:mod:`~provrl.pipeline.curriculum`); a group without
 signal (all rewards equal) is never trained. Per-token provenance (version, log q, kept mass,
@@ -233,11 +235,13 @@ class RLLoop:
         col, lag, background = self.collector, self.loop.max_lag, self.parts.learner_thread()
         fut: Future[tuple[Any, dict[str, Any]]] | None = None
         in_training: list[Group] = []
+        self.parts.lend_cores(learner_busy=False)  # lend_cores: the learner waits for a batch
         try:
             while self.state.steps < self.loop.steps:
                 self.admit_groups(len(in_training))
                 self.take(col.poll(0.05))
                 if fut is not None and fut.done():
+                    self.parts.lend_cores(learner_busy=False)
                     result, stats = fut.result()
                     self.admit.pacer.train_done()  # groups due in the save and load start now
                     self.admit_groups(len(in_training))
@@ -250,10 +254,12 @@ class RLLoop:
                     self.log.drop(self.admit.drop_stale(self.learner.version))  # too stale
                     if (batch := self.admit.batch()) is not None:
                         assert all(group_lag(g, self.learner.version) <= lag for g in batch)
+                        self.parts.lend_cores(learner_busy=True)
                         fut, in_training = background.submit(self.train, batch), batch
                         self.admit.pacer.training(batch, self.learner.progress)
         finally:
             background.shutdown(wait=True)
+            self.parts.lend_cores(learner_busy=True)  # the engine's own share again
 
     # ------------------------------------------------------------------ the end
     def run(self) -> dict[str, Any]:

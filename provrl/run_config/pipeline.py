@@ -151,6 +151,14 @@ class RLLoopConfig(Section):
         "learner a core each: no oversubscribed thread pools). sync ignores it: engine and "
         "trainer take turns.",
     )
+    lend_cores: bool = Field(
+        False,
+        description="async with split_cores: while the learner waits for a batch, the engine "
+        "(an in-process one: local, or a router of local replicas) runs on all of torch's "
+        "intra-op threads; when a step starts it goes back to its half. The engine is busy "
+        "while the learner idles in a generation-bound run, so the learner's core would "
+        "otherwise sit idle.",
+    )
 
 
 class CurriculumConfig(Section):

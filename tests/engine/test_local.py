@@ -288,3 +288,28 @@ def test_engine_threads_apply_to_its_scheduler_thread_only(tiny):
         assert eng._thread.is_alive()
     finally:
         eng.close()
+
+
+def test_set_threads_applies_from_the_next_step_on_the_scheduler_thread(make_engine, prompts):
+    """LocalEngine.set_threads (the async loop lending the learner's cores): every forward
+    after the call runs with the new count on the scheduler thread; the caller keeps its own."""
+    eng = make_engine(threads=1)
+    seen: list[int] = []
+    forward = eng._forward
+
+    def spy(inputs):
+        seen.append(torch.get_num_threads())
+        return forward(inputs)
+
+    eng._forward = spy
+    caller = torch.get_num_threads()
+    params = SamplingParams(temperature=1.0, max_new_tokens=3, seed=0)
+    generate(eng, prompts[0], params)
+    first = len(seen)
+    assert eng.stats()["threads"] == 1
+    eng.set_threads(2)
+    generate(eng, prompts[1], params)
+    assert seen[:first] == [1] * first and seen[first:] == [2] * (len(seen) - first)
+    assert eng.stats()["threads"] == 2 and torch.get_num_threads() == caller
+    with pytest.raises(EngineError, match="n must be >= 1"):
+        eng.set_threads(0)

@@ -263,3 +263,30 @@ def test_a_checkpoint_short_of_step_records_is_filled_from_the_run_copy_or_refus
     with pytest.raises(StepLogError, match="1 step records, but the checkpoint says 2") as e:
         restore_steps(rl, ckpt, 2)
     assert "\n" not in str(e.value) and (rl / "steps.jsonl").read_bytes() == lines[0]
+
+
+def test_lend_cores_gives_the_engine_the_learners_core_while_the_learner_waits(
+    tmp_path, small_world, monkeypatch
+):
+    """pipeline.loop.lend_cores: with split_cores the engine computes on its half while a step
+    trains and on every core while the learner waits (set_threads around each step), and
+    ends on its own half; without it the engine's count is never touched."""
+    import torch
+
+    from provrl.engine.local import LocalEngine
+    from provrl.pipeline.build import split_threads
+
+    monkeypatch.setattr(torch, "get_num_threads", lambda: 2)  # the machine's two cores
+    calls: list[int] = []
+    set_threads = LocalEngine.set_threads
+    monkeypatch.setattr(LocalEngine, "set_threads", lambda self, n: (calls.append(n), set_threads(self, n))[1])  # fmt: skip
+    split = ("pipeline.loop.split_cores=true",)
+    cfg = load_config(RunConfig, "quick", [*split, "pipeline.loop.mode=async"])
+    assert split_threads(cfg) == (1, 1, 0)
+    _two_steps(tmp_path / "off", small_world, "async", *split)
+    assert calls == []
+    lend = (*split, "pipeline.loop.lend_cores=true")
+    assert split_threads(load_config(RunConfig, "quick", [*lend, "pipeline.loop.mode=async"])) == (1, 1, 2)  # fmt: skip
+    summary, _ = _two_steps(tmp_path / "on", small_world, "async", *lend)
+    assert calls == [2, 1, 2, 1, 2, 1]  # wait, step 1, wait, step 2, wait, the end
+    assert summary["threads"] == {"engine": 1, "trainer": 1, "lent": 2}
