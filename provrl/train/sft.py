@@ -252,10 +252,25 @@ def micro_logprobs(
         use_packed_attention(model)
         share = cfg.packing == "trie"
         layout = pack(ids, batch.lengths, act, range(ids.shape[0]), share_prefix=share)
-    with torch.autocast(device.type, torch.bfloat16, enabled=cfg.autocast == "bfloat16"):
+    with _autocast(cfg, device):
         return token_logprobs_chunked(
             model, ids, attn, positions=act, chunk_tokens=cfg.logprob_chunk_tokens, layout=layout
         ).logprobs
+
+
+def _autocast(cfg: SFTConfig, device: torch.device) -> Any:
+    """``torch.autocast`` in ``cfg.autocast`` (a no-op for float32)."""
+    return torch.autocast(device.type, torch.bfloat16, enabled=cfg.autocast == "bfloat16")
+
+
+def weights_cast_once(cfg: SFTConfig, device: torch.device) -> Any:
+    """One autocast context around the micro-batches of an optimizer step: autocast casts
+    each float32 weight to bfloat16 once and keeps the cast until the outermost context
+    exits, where the context of each micro-batch alone cast every weight again per
+    micro-batch (each gradient is still cast back per micro-batch). The optimizer steps
+    outside it: the cache does not see in-place updates. The RL trainer does the same
+    (``RLTrainer._weights_cast_once``)."""
+    return _autocast(cfg, device)
 
 
 def accumulate_gradients(
@@ -275,13 +290,14 @@ def accumulate_gradients(
     device = next(model.parameters()).device
     n_act = sum(trajectories[r].num_actions for rows in micro for r in rows)
     loss_sum, padded = 0.0, 0
-    for rows in micro:
-        tb = TrajectoryBatch.from_trajectories([trajectories[r] for r in rows], pad_token_id)
-        logp = micro_logprobs(model, tb, cfg, device)
-        loss = sft_loss(logp, tb.action_mask.to(device), n_act)
-        loss.backward()
-        loss_sum += float(loss.detach())
-        padded += tb.input_ids.numel()
+    with weights_cast_once(cfg, device):
+        for rows in micro:
+            tb = TrajectoryBatch.from_trajectories([trajectories[r] for r in rows], pad_token_id)
+            logp = micro_logprobs(model, tb, cfg, device)
+            loss = sft_loss(logp, tb.action_mask.to(device), n_act)
+            loss.backward()
+            loss_sum += float(loss.detach())
+            padded += tb.input_ids.numel()
     return loss_sum, padded
 
 

@@ -342,6 +342,36 @@ def test_gradient_checkpointing_trains_the_same_weights(traces, tokenizer):
         torch.testing.assert_close(w1[k], w0[k], rtol=1e-5, atol=1e-6)
 
 
+@pytest.mark.parametrize("checkpointing", [False, True])
+def test_weights_cast_once_per_step_gives_the_same_bf16_run(traces, tokenizer, monkeypatch, checkpointing):  # fmt: skip
+    """Under bf16 autocast SFT casts each weight once per optimizer step (one autocast
+    context around the step's micro-batches: ``weights_cast_once``), not once per
+    micro-batch. The cast is deterministic, so the run is the same one: identical losses and
+    weights after four steps of several micro-batches (so the cast must not outlive a step),
+    with and without recomputed layers."""
+    import contextlib
+
+    import provrl.train.sft as sft
+
+    cfg = SFTConfig(lr=1e-2, warmup_steps=1, epochs=2, batch_size=2, micro_batch_tokens=1,
+                    autocast="bfloat16", gradient_checkpointing=checkpointing, progress=False)  # fmt: skip
+    out = []
+    once_per_step = sft.weights_cast_once
+    for once in (False, True):  # the reference first: nothing the other arm leaves behind
+        # the reference: a fresh autocast context (and cast) per micro-batch
+        monkeypatch.setattr(sft, "weights_cast_once", once_per_step if once else lambda cfg, device: contextlib.nullcontext())  # fmt: skip
+        model = fresh_tiny()
+        res = train_sft(model, traces, cfg, pad_token_id=tokenizer.pad_token_id)
+        assert res.steps == 4
+        assert torch.autocast_increment_nesting() == 1  # no autocast context left open
+        torch.autocast_decrement_nesting()
+        out.append((res.losses, model.state_dict()))
+    (l0, w0), (l1, w1) = out
+    assert l1 == l0
+    for k in w0:
+        torch.testing.assert_close(w1[k], w0[k], rtol=0, atol=0)
+
+
 def test_checkpoint_round_trip_gives_identical_logits(traces, tokenizer, tmp_path):
     model = fresh_tiny()
     cfg = SFTConfig(lr=1e-3, epochs=2, batch_size=2, warmup_steps=0, progress=False)
