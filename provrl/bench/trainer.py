@@ -34,7 +34,8 @@ counted, so the FLOP rate is a lower bound), resets its high-water mark
 (``/proc/self/clear_refs`` ← 5) and times one step. The step times come from ``repeats``
 interleaved children per side that run glibc's allocator as the RL loop does; the memory
 figures from one more child per side that pins glibc's mmap threshold, so that its peak
-repeats (:attr:`SideSpec.pin_allocator`). It reports tokens/s (every token of every trajectory over the step's wall time), action tokens/s, the peak RSS and a memory
+repeats (:attr:`SideSpec.pin_allocator`). It reports tokens/s (every token of every
+trajectory over the step's wall time), action tokens/s, the peak RSS and a memory
 breakdown: runtime (the process before the model), weights, gradients, optimizer state,
 activations (the peak bytes autograd held for backward, counted by saved-tensor hooks by
 storage), the transient LM-head logits, the published state-dict copy, and what none of

@@ -374,7 +374,6 @@ class LocalEngine:
         try:
             while True:
                 with self._cv:
-                    self._apply_threads()
                     self._cv.wait_for(self._has_work)
                     if self._closed:
                         return

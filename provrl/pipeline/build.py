@@ -21,7 +21,7 @@ import os
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import torch
 
@@ -55,14 +55,15 @@ class RLParts:
     trainer_threads: int
     """torch threads of the learner thread (0: the process default)."""
     lent_threads: int = 0
-    """torch threads of the engine while the learner waits for a batch (0: no lending;
-    ``pipeline.loop.lend_cores``)."""
+    """torch threads of the engine while the learner waits for a batch (0: no lending —
+    ``pipeline.loop.lend_cores`` off, or an engine that does not compute in this process)."""
 
     def lend_cores(self, learner_busy: bool) -> None:
         """``pipeline.loop.lend_cores``: the engine computes on ``engine_threads`` while the
         learner trains and on ``lent_threads`` while it waits (an in-process engine only)."""
-        if self.lent_threads and isinstance(self.engine, ThreadedEngine):
-            self.engine.set_threads(self.engine_threads if learner_busy else self.lent_threads)
+        if self.lent_threads:  # set only for an engine that computes here (build_rl_parts)
+            engine = cast(ThreadedEngine, self.engine)
+            engine.set_threads(self.engine_threads if learner_busy else self.lent_threads)
 
     def summary(self) -> dict[str, Any]:
         """What the parts say about this session, for the stage summary (before
@@ -145,6 +146,8 @@ def build_rl_parts(
         cfg, cfg.pipeline.loop.concurrency, seed=seed + version, threads=engine_threads
     )
     engine = (engines or engine_factory(cfg))(lm, engine_cfg, version=version)
+    if not isinstance(engine, ThreadedEngine):  # vLLM's or Ray's processes keep their cores
+        lent_threads = 0
     metrics = None
     try:
         env = build_env(engine, lm, world_dir, cfg.env, extra={"start": start_policy})

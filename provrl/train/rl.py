@@ -751,10 +751,11 @@ class RLTrainer:
         per micro-batch cast every weight again for each one (and the tied embedding again in
         each LM-head chunk's recompute); each gradient is still cast back per micro-batch.
         The weights must not change inside it: the cache does not see in-place updates, so
-        the optimizer steps outside. The first cast of a weight must be made with grad enabled (a cast made
-        under ``no_grad`` is cached without its backward), so contexts that mix the two
-        (the trainer's grad forwards, then a ``no_grad`` LM head for statistics) start
-        with a grad forward, and the ``no_grad`` proximal pass has its own context."""
+        the optimizer steps outside. The first cast of a weight must be made with grad
+        enabled (a cast made under ``no_grad`` is cached without its backward), so contexts
+        that mix the two (the trainer's grad forwards, then a ``no_grad`` LM head for
+        statistics) start with a grad forward, and the ``no_grad`` proximal pass has its own
+        context."""
         return self._autocast()
 
     def _autocast(self) -> Any:

@@ -264,7 +264,8 @@ def _autocast(cfg: SFTConfig, device: torch.device) -> Any:
 
 
 def weights_cast_once(cfg: SFTConfig, device: torch.device) -> Any:
-    """One autocast context around the micro-batches of an optimizer step: autocast casts
+    """One autocast context around the micro-batches of an optimizer step (or of a no-grad
+    pass over a set of traces, :func:`mean_nll`): autocast casts
     each float32 weight to bfloat16 once and keeps the cast until the outermost context
     exits, where the context of each micro-batch alone cast every weight again per
     micro-batch (each gradient is still cast back per micro-batch). The optimizer steps
@@ -314,11 +315,12 @@ def mean_nll(
     device = next(model.parameters()).device
     lengths = [len(t) for t in trajs]
     total, count = 0.0, 0
-    for rows in pack_micro_batches(lengths, range(len(trajs)), cfg.micro_batch_tokens):
-        tb = TrajectoryBatch.from_trajectories([trajs[r] for r in rows], pad_token_id)
-        lp = micro_logprobs(model, tb, cfg, device)
-        total += float(nll_sum(lp, tb.action_mask.to(device)))
-        count += int(tb.action_mask.sum())
+    with weights_cast_once(cfg, device):  # no grad throughout: the casts are made once
+        for rows in pack_micro_batches(lengths, range(len(trajs)), cfg.micro_batch_tokens):
+            tb = TrajectoryBatch.from_trajectories([trajs[r] for r in rows], pad_token_id)
+            lp = micro_logprobs(model, tb, cfg, device)
+            total += float(nll_sum(lp, tb.action_mask.to(device)))
+            count += int(tb.action_mask.sum())
     return total / max(count, 1)
 
 
