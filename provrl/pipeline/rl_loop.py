@@ -58,7 +58,6 @@ from provrl.pipeline.curriculum import Curriculum
 from provrl.pipeline.rl_stats import batch_stats, stage_summary, step_record
 from provrl.pipeline.rundir import RunDir
 from provrl.pipeline.steplog import StepLog
-from provrl.pipeline.steplog import read_steps as read_steps  # re-exported: its old home
 from provrl.rollout.collector import Collector, Group, group_key
 from provrl.run_config.run import RunConfig
 from provrl.trajlog import TrajectoryWriter
@@ -118,11 +117,7 @@ class RLLoop:
         drops them: strict on-policy never trains what an earlier version sampled), then the
         probe's (async ``train_on_probe``), and a lost step's batch first of all."""
         writer = self._stack.enter_context(TrajectoryWriter(self.log.trajectories))
-        self.col = self._stack.enter_context(
-            Collector(
-                self.parts.env, concurrency=self.loop.concurrency, seed=self.seed, writer=writer
-            )
-        )
+        self.col = self._stack.enter_context(Collector(self.parts.env, concurrency=self.loop.concurrency, seed=self.seed, writer=writer))  # fmt: skip
         for task_id, r, done in self.log.resumable(sync=self.loop.mode == "sync"):
             self.col.submit(self.by_id[task_id], self.loop.k, round=r, done=done)
             self.admit.started(None)

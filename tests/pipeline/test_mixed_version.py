@@ -22,8 +22,9 @@ from provrl.config import load_config
 from provrl.env.build import load_split
 from provrl.models import load_model
 from provrl.pipeline.engines import engine_factory
-from provrl.pipeline.rl_loop import RLLoop, read_steps
+from provrl.pipeline.rl_loop import RLLoop
 from provrl.pipeline.rundir import RunDir
+from provrl.pipeline.steplog import read_steps
 from provrl.run_config import RunConfig
 from provrl.trajlog import read_all
 

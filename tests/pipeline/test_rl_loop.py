@@ -9,8 +9,9 @@ import pytest
 
 from provrl.config import ConfigError, load_config
 from provrl.env.build import load_split
-from provrl.pipeline.rl_loop import RLLoop, read_steps
+from provrl.pipeline.rl_loop import RLLoop
 from provrl.pipeline.rundir import RunDir
+from provrl.pipeline.steplog import read_steps
 from provrl.run_config import RunConfig
 
 

@@ -10,8 +10,9 @@ import pytest
 
 from provrl.config import load_config
 from provrl.env.build import load_split
-from provrl.pipeline.rl_loop import RLLoop, read_steps
+from provrl.pipeline.rl_loop import RLLoop
 from provrl.pipeline.rundir import RunDir
+from provrl.pipeline.steplog import read_steps
 from provrl.run_config import RunConfig
 
 STEPS = 2
