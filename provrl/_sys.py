@@ -264,7 +264,8 @@ def cpu_model() -> str:
 
 def machine() -> dict[str, Any]:
     """What ran it: CPUs (count and model), memory, the 1-minute load average, platform,
-    Python, and — when torch is loaded — its version, threads and CUDA devices."""
+    Python, and — when torch is loaded — its version, threads, whether the CPU has AMX tiles
+    (what ``auto`` dtypes resolve by, :mod:`provrl.models.precision`) and CUDA devices."""
     out: dict[str, Any] = {
         "cpus": os.cpu_count(),
         "cpu_model": cpu_model(),
@@ -277,6 +278,9 @@ def machine() -> dict[str, Any]:
     if torch is not None:
         out["torch"] = torch.__version__
         out["torch_threads"] = torch.get_num_threads()
+        # AMX tiles make bf16 matmuls the fast path on a CPU; ``auto`` dtypes follow it
+        amx = getattr(torch.cpu, "_is_amx_tile_supported", None)
+        out["cpu_amx"] = bool(amx()) if amx is not None else None
         if torch.cuda.is_available():
             out["gpus"] = [
                 f"{torch.cuda.get_device_name(i)} "

@@ -391,7 +391,11 @@ def _build(spec: SideSpec, lm: Any) -> tuple[Callable[[Sequence[Any]], Any], Any
     """(step function, optimizer, trainer-or-None) of ``spec.side`` over ``lm``."""
     pad = lm.tokenizer.pad_token_id if lm.tokenizer.pad_token_id is not None else 0
     if spec.side in REFERENCES:
-        ref = ReferenceStep(lm.model, pad, spec.reference_micro_batch, plain=REFERENCES[spec.side])
+        from provrl.models.precision import resolve_dtype
+
+        # the compute dtype provrl's side gets from the same preset (auto: this CPU's fast one)
+        autocast = resolve_dtype(_rl_config(spec.rl_overrides).autocast, "cpu")
+        ref = ReferenceStep(lm.model, pad, spec.reference_micro_batch, plain=REFERENCES[spec.side], autocast=autocast)  # fmt: skip
         return ref.step, ref.optimizer, None
     if spec.side in VARIANTS:
         from provrl.train.rl import RLTrainer

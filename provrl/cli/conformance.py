@@ -27,7 +27,10 @@ def conformance(
         ),
     ] = "tiny",
     dtype: Annotated[
-        str, typer.Option(help="Engine dtype: float32, bfloat16, float16.")
+        str,
+        typer.Option(
+            help="Engine dtype: float32, bfloat16, float16, or auto (this CPU's fast one)."
+        ),
     ] = "float32",
     check: Annotated[
         list[str] | None,
@@ -59,6 +62,7 @@ def conformance(
     from provrl.conformance.run import CHECKS, run_conformance
     from provrl.engine.config import EngineConfig
     from provrl.models.loading import load_model
+    from provrl.models.precision import resolve_dtype
     from provrl.pipeline.engines import make_rollout_engine
     from provrl.run_config.run import RunConfig
 
@@ -74,6 +78,7 @@ def conformance(
     cfg = ConformanceConfig(**fields)
 
     lm = vllm_tiny_model() if model == "tiny-h32" else load_model(model)
+    dtype = resolve_dtype(dtype, "cpu")  # the tolerance is the dtype the engine computes in
     run_cfg = RunConfig()
     n_ctx = 512 if model.startswith("tiny") else 2048
     engine_cfg = EngineConfig(

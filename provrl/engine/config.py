@@ -96,8 +96,11 @@ class EngineConfig(Section):
         description="torch device of the engine's weights and KV cache (local backend; "
         "refused with backend vllm, whose build picks the device).",
     )
-    dtype: Literal["float32", "bfloat16", "float16"] = Field(
-        "float32", description="dtype of the engine's weights and KV cache (logits are fp32)."
+    dtype: Literal["auto", "float32", "bfloat16", "float16"] = Field(
+        "float32",
+        description="dtype of the engine's weights and KV cache (logits are fp32); auto: "
+        "bfloat16 where the device has bf16 matrix units (a GPU, a CPU with AMX), else float32 "
+        "(provrl/models/precision.py).",
     )
     seed: int = Field(
         0, description="Seeds the sampler of requests whose SamplingParams.seed is None."

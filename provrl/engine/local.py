@@ -55,6 +55,7 @@ from provrl.engine.sampling import behaviour_logprob, sample
 from provrl.engine.scheduler import EngineCounters, Request, Scheduler
 from provrl.models.chat import stop_token_ids
 from provrl.models.loading import LoadedModel
+from provrl.models.precision import resolve_dtype
 from provrl.provenance import SamplingParams
 
 __all__ = ["DTYPES", "LocalEngine", "read_weights"]
@@ -83,7 +84,8 @@ class LocalEngine:
         self.replica = replica
         self.tokenizer = lm.tokenizer
         self.name = lm.name
-        dtype = DTYPES[cfg.dtype]
+        self.dtype = resolve_dtype(cfg.dtype, cfg.device)  # auto: this device's fast dtype
+        dtype = DTYPES[self.dtype]
         self.weights = LlamaWeights.from_hf(lm.model, cfg.device, dtype)
         self.shape = self.weights.shape
         max_pos = getattr(lm.model.config, "max_position_embeddings", cfg.max_context)
@@ -296,7 +298,7 @@ class LocalEngine:
     def weights_dtype(self) -> torch.dtype:
         """The dtype the engine computes in (what a publisher casts to when it
         fingerprints the weights it sends)."""
-        return DTYPES[self.cfg.dtype]
+        return DTYPES[self.dtype]
 
     def weights_fingerprint(self) -> dict[str, str]:
         """HF parameter name → sha256 of the tensor this replica computes with

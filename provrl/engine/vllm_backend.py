@@ -68,6 +68,7 @@ from provrl.engine.checks import check_continuation, check_ids, check_params, ch
 from provrl.engine.config import EngineConfig
 from provrl.engine.stops import StopMatcher
 from provrl.models.chat import stop_token_ids
+from provrl.models.precision import resolve_dtype
 from provrl.provenance import NO_VERSION, UNKNOWN_VERSION, SamplingParams
 
 if TYPE_CHECKING:  # models.loading imports torch, which vLLM brings in its own process
@@ -348,7 +349,7 @@ class VLLMEngine:
         own = {
             "model": model_dir,
             "skip_tokenizer_init": True,  # token ids in and out; provrl matches stop strings
-            "dtype": cfg.dtype,
+            "dtype": resolve_dtype(cfg.dtype, "cpu" if cpu else "cuda"),
             "max_model_len": cfg.max_context,
             "max_num_seqs": cfg.max_seqs,
             "max_num_batched_tokens": max(budget, cfg.max_context) if cpu else budget,

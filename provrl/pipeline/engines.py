@@ -28,6 +28,7 @@ from provrl.engine.api import Engine, EngineFactory
 from provrl.engine.config import EngineConfig, for_stage
 from provrl.engine.factory import make_engine
 from provrl.models.loading import DTYPES, LoadedModel
+from provrl.models.precision import resolve_dtype
 from provrl.run_config.run import RunConfig
 from provrl.train.learner import Learner, LocalLearner
 
@@ -89,7 +90,8 @@ def make_learner(
             reference=reference,
         )
     # the engines round the published weights to their dtype anyway: publish them in it
-    publish = DTYPES[cfg.engine.dtype] if cfg.engine.dtype != cfg.model.dtype else None
+    engine_dtype = resolve_dtype(cfg.engine.dtype, cfg.engine.device)
+    publish = DTYPES[engine_dtype] if engine_dtype != cfg.model.dtype else None
     return LocalLearner(
         lm,
         cfg.rl,

@@ -164,12 +164,14 @@ class RLConfig(Section):
         ge=1,
         description="Positions per LM-head chunk: peak logit memory is chunk · vocab floats.",
     )
-    autocast: Literal["float32", "bfloat16"] = Field(
+    autocast: Literal["auto", "float32", "bfloat16"] = Field(
         "float32",
         description="Compute dtype of the trainer's forward/backward (torch.autocast); weights, "
-        "gradients and AdamW state stay float32. bfloat16 is ~2× faster on CPUs with "
-        "AVX512-BF16 but π_θ then differs from the float32 engine's q by bf16 rounding, which "
-        "the diagnostics (kl_q_pi_k3 at lag 0) show; π_θ/π_prox ratios stay consistent.",
+        "gradients and AdamW state stay float32. bfloat16 is several times faster where the "
+        "hardware has bf16 matrix units (a GPU, a CPU with AMX) and slower on AVX512-BF16 "
+        "alone; auto picks per device (provrl/models/precision.py). In bf16 π_θ differs from "
+        "a float32 engine's q by bf16 rounding, which the diagnostics (kl_q_pi_k3 at lag 0) "
+        "show; π_θ/π_prox ratios stay consistent.",
     )
     trpo: TRPOConfig = Field(
         default_factory=TRPOConfig, description="TRPO step (optimizer = trpo)."
@@ -296,10 +298,12 @@ class SFTConfig(Section):
         description="Clip the global gradient norm to this (None or 0: no clipping). 0.5-1 is "
         "typical; leave it unless the loss spikes.",
     )
-    autocast: Literal["float32", "bfloat16"] = Field(
+    autocast: Literal["auto", "float32", "bfloat16"] = Field(
         "float32",
         description="Compute dtype of forward/backward (torch.autocast); weights, gradients "
-        "and AdamW state stay float32. bfloat16 is ~2× faster on CPUs with AVX512-BF16.",
+        "and AdamW state stay float32. bfloat16 is several times faster with bf16 matrix units "
+        "(a GPU, a CPU with AMX), slower on AVX512-BF16 alone; auto picks per device "
+        "(provrl/models/precision.py).",
     )
     logprob_chunk_tokens: int = Field(
         1024,

@@ -51,6 +51,7 @@ import numpy as np
 import torch
 
 from provrl.failpoints import fault
+from provrl.models.precision import autocast
 from provrl.objectives import advantages as adv_fns
 from provrl.objectives import diagnostics as diag
 from provrl.objectives.config import AdvantageConfig, ObjectiveConfig
@@ -759,9 +760,9 @@ class RLTrainer:
         return self._autocast()
 
     def _autocast(self) -> Any:
-        """``torch.autocast`` in ``cfg.autocast`` (a no-op for float32)."""
-        on = self.cfg.autocast == "bfloat16"
-        return torch.autocast(self.device.type, torch.bfloat16, enabled=on)
+        """``torch.autocast`` in ``cfg.autocast`` (a no-op for float32; ``auto`` resolved for
+        the trainer's device, :mod:`provrl.models.precision`)."""
+        return autocast(self.cfg.autocast, self.device)
 
     def _micro(
         self, rows: torch.Tensor, batch: RLBatch, sort: bool = True

@@ -53,6 +53,7 @@ from provrl._sys import write_json
 from provrl.failpoints import failpoint
 from provrl.models.checkpoint import save_checkpoint
 from provrl.models.loading import load_model
+from provrl.models.precision import autocast
 from provrl.provenance import ProvenanceError, Trajectory, TrajectoryBatch
 from provrl.report.metrics import MetricsWriter
 from provrl.report.plots import plot_sft_loss
@@ -259,8 +260,9 @@ def micro_logprobs(
 
 
 def _autocast(cfg: SFTConfig, device: torch.device) -> Any:
-    """``torch.autocast`` in ``cfg.autocast`` (a no-op for float32)."""
-    return torch.autocast(device.type, torch.bfloat16, enabled=cfg.autocast == "bfloat16")
+    """``torch.autocast`` in ``cfg.autocast`` (a no-op for float32; ``auto`` resolved for
+    ``device``, :mod:`provrl.models.precision`)."""
+    return autocast(cfg.autocast, device)
 
 
 def weights_cast_once(cfg: SFTConfig, device: torch.device) -> Any:
