@@ -43,6 +43,7 @@ from provrl.engine import local as local_engine
 from provrl.engine.config import EngineConfig
 from provrl.engine.local import LocalEngine
 from provrl.models.loading import load_model
+from provrl.models.precision import resolve_dtype
 
 PHASES = ("plan", "forward", "sample", "apply")
 KINDS: tuple[tuple[str, tuple[str, ...]], ...] = (
@@ -125,7 +126,7 @@ def profile_workload(
     *,
     episodes: int = 0,
     concurrency: int = 0,
-    dtype: str = "bfloat16",
+    dtype: str = "auto",
     threads: int = 1,
     tool_latency: str = "none",
     device: str = "cpu",
@@ -174,7 +175,7 @@ def profile_workload(
     summary: dict[str, Any] = {
         "workload": str(workload),
         "model": model,
-        "dtype": dtype,
+        "dtype": resolve_dtype(dtype, device),
         "threads": threads,
         "concurrency": conc,
         "tokens": token_counts(eps),
@@ -206,7 +207,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     ap.add_argument("--model", default="smollm2-135m")
     ap.add_argument("--episodes", type=int, default=0, help="0 = all; more cycles the workload")
     ap.add_argument("--concurrency", type=int, default=0, help="0 = the workload's own")
-    ap.add_argument("--dtype", default="bfloat16", choices=["float32", "bfloat16", "float16"])
+    ap.add_argument("--dtype", default="auto", choices=["auto", "float32", "bfloat16", "float16"])
     ap.add_argument("--threads", type=int, default=1, help="torch threads of the engine")
     ap.add_argument("--tool-latency", default="none", help="none, recorded, web-fast, web-ai, web-serp")  # fmt: skip
     ap.add_argument("--device", default="cpu", help="torch device of the engine (cuda: CUDA ops profiled too)")  # fmt: skip

@@ -25,9 +25,10 @@ every context token plus every sampled token (:func:`~provrl.bench.workload.toke
 a prefix-cache hit is work the engine did not have to redo, so it counts as speed. Also
 reported: sampled tokens/s, episodes/s, time per turn (submit → turn done, tool wait
 excluded), mean sampled rows per engine step (batch occupancy), the share of context tokens
-served from the prefix cache, and the fraction of a bf16 matmul's rate at the model's MLP
-shape measured in the same repeat: the workload's weight-matmul FLOPs (:func:`workload_flop`)
-per second over the matmul's FLOP/s.
+served from the prefix cache, and the fraction of the matmul rate at the model's MLP shape
+measured in the same repeat, in the faster of bf16 and fp32 on this device (bf16 with bf16
+matrix units, fp32 on a CPU without AMX): the workload's weight-matmul FLOPs
+(:func:`workload_flop`) per second over the matmul's FLOP/s.
 """
 
 from __future__ import annotations
@@ -57,6 +58,7 @@ from provrl.engine.config import EngineConfig
 from provrl.engine.llama import LlamaShape
 from provrl.engine.local import DTYPES, LocalEngine
 from provrl.models.loading import load_model
+from provrl.models.precision import resolve_dtype
 from provrl.provenance import SamplingParams
 
 TOOL_LATENCY = ("none", "recorded", "web-fast", "web-ai", "web-serp")
@@ -270,7 +272,7 @@ def run_workload_benchmark(
     episodes: int = 0,
     repeats: int = 3,
     threads: int = 1,
-    dtype: str = "bfloat16",
+    dtype: str = "auto",
     tool_latency: str = "none",
     hf: bool = True,
     backend: str = "local",
@@ -299,6 +301,7 @@ def run_workload_benchmark(
     else:
         lm = load_model(model)
     lm.model.to(device)
+    dtype = resolve_dtype(dtype, device)  # auto: the device's fast dtype, as the presets
     cfg = EngineConfig(max_seqs=conc, max_context=max(map(len, eps)) + 8, eos_stops=False,
                        dtype=dtype, device=device, threads=threads)  # type: ignore[arg-type]  # fmt: skip
     engine = LocalEngine(lm, cfg)
@@ -324,10 +327,14 @@ def run_workload_benchmark(
         arms["vllm"] = lambda r: replay_on_engine(vllm, eps, conc, waits, seed=1000 * r, tag=f"v{r}")  # fmt: skip
     mm_shape = (256, shape.hidden, 2 * shape.intermediate)
     per_arm: dict[str, list[dict[str, float]]] = {a: [] for a in arms}
-    gflops_all = []
+    gflops_all: list[float] = []
+    fp32_all: list[float] = []
     for r in range(repeats):
-        gflops = matmul_gflops(*mm_shape, torch.bfloat16, device)
-        gflops_all.append(gflops)
+        # the roofline is the faster matmul dtype of this device: bf16 with bf16 matrix
+        # units, fp32 on a CPU without AMX (provrl/models/precision.py)
+        gflops_all.append(matmul_gflops(*mm_shape, torch.bfloat16, device))
+        fp32_all.append(matmul_gflops(*mm_shape, torch.float32, device))
+        gflops = max(gflops_all[-1], fp32_all[-1])
         order = list(arms) if r % 2 == 0 else list(reversed(arms))
         for name in order:
             say(f"repeat {r + 1}/{repeats}: {name}")
@@ -358,6 +365,9 @@ def run_workload_benchmark(
         "bf16_matmul_shape": list(mm_shape),
         "bf16_matmul_gflops": float(statistics.median(gflops_all)),
         "bf16_matmul_gflops_all": gflops_all,
+        "fp32_matmul_gflops": float(statistics.median(fp32_all)),
+        "fp32_matmul_gflops_all": fp32_all,
+        "matmul_fraction_of": "the faster of bf16 and fp32 per repeat",
     }
     for name, rows in per_arm.items():
         result[name] = {**_medians(rows), "all": rows}

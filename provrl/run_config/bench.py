@@ -83,10 +83,11 @@ class EngineBenchConfig(Section):
         description="Workload replay: agent loops in flight (0 = the workload's own, 32 for a "
         "trajectory log).",
     )
-    dtype: Literal["float32", "bfloat16", "float16"] = Field(
-        "bfloat16",
-        description="Workload replay: dtype of the engine and the HF floor (bfloat16: the "
-        "default preset's engine). The synthetic benchmark runs float32.",
+    dtype: Literal["auto", "float32", "bfloat16", "float16"] = Field(
+        "auto",
+        description="Workload replay: dtype of the engine and the HF floor (auto: the default "
+        "preset's engine, bfloat16 with bf16 matrix units, else float32). The synthetic "
+        "benchmark runs float32.",
     )
     tool_latency: Literal["none", "recorded", "web-fast", "web-ai", "web-serp"] = Field(
         "none",
