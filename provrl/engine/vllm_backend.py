@@ -68,7 +68,6 @@ from provrl.engine.checks import check_continuation, check_ids, check_params, ch
 from provrl.engine.config import EngineConfig
 from provrl.engine.stops import StopMatcher
 from provrl.models.chat import stop_token_ids
-from provrl.models.precision import resolve_dtype
 from provrl.provenance import NO_VERSION, UNKNOWN_VERSION, SamplingParams
 
 if TYPE_CHECKING:  # models.loading imports torch, which vLLM brings in its own process
@@ -344,6 +343,8 @@ class VLLMEngine:
         off: vLLM 0.32 rewinds a seeded request's generator after a partial prefill
         (``Generator.set_offset``), which CPU generators do not support — the engine died on
         the first step that split a prompt. Whole prompts need a step budget ≥ max_context."""
+        from provrl.models.precision import resolve_dtype  # imports torch: only when vLLM runs
+
         cfg = self.cfg
         budget = max(cfg.prefill_chunk + cfg.max_seqs, cfg.max_seqs)
         own = {
