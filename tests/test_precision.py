@@ -12,7 +12,7 @@ from provrl.engine.config import EngineConfig
 from provrl.engine.local import LocalEngine
 from provrl.models import precision
 from provrl.train.config import RLConfig, SFTConfig
-from provrl.train.sft import _autocast
+from provrl.train.sft import weights_cast_once
 
 
 @pytest.fixture(params=[True, False], ids=["amx", "no-amx"])
@@ -44,7 +44,7 @@ def test_autocast_computes_in_the_resolved_dtype(amx):
 
 def test_the_sft_autocast_follows_auto(amx):
     a, b = torch.randn(4, 8), torch.randn(8, 3)
-    with _autocast(SFTConfig(autocast="auto"), torch.device("cpu")):
+    with weights_cast_once(SFTConfig(autocast="auto"), torch.device("cpu")):
         assert (a @ b).dtype == (torch.bfloat16 if amx else torch.float32)
     assert RLConfig(autocast="auto").autocast == "auto"  # kept as written: resolved at use
 

@@ -253,16 +253,10 @@ def micro_logprobs(
         use_packed_attention(model)
         share = cfg.packing == "trie"
         layout = pack(ids, batch.lengths, act, range(ids.shape[0]), share_prefix=share)
-    with _autocast(cfg, device):
+    with autocast(cfg.autocast, device):  # auto: the device's fast dtype (models.precision)
         return token_logprobs_chunked(
             model, ids, attn, positions=act, chunk_tokens=cfg.logprob_chunk_tokens, layout=layout
         ).logprobs
-
-
-def _autocast(cfg: SFTConfig, device: torch.device) -> Any:
-    """``torch.autocast`` in ``cfg.autocast`` (a no-op for float32; ``auto`` resolved for
-    ``device``, :mod:`provrl.models.precision`)."""
-    return autocast(cfg.autocast, device)
 
 
 def weights_cast_once(cfg: SFTConfig, device: torch.device) -> Any:
@@ -273,7 +267,7 @@ def weights_cast_once(cfg: SFTConfig, device: torch.device) -> Any:
     micro-batch (each gradient is still cast back per micro-batch). The optimizer steps
     outside it: the cache does not see in-place updates. The RL trainer does the same
     (``RLTrainer._weights_cast_once``)."""
-    return _autocast(cfg, device)
+    return autocast(cfg.autocast, device)
 
 
 def accumulate_gradients(
