@@ -4,8 +4,8 @@ bfloat16 halves the bytes every weight and activation moves and, where the hardw
 matrix units, multiplies matmul throughput: a CUDA GPU, or an x86 CPU with AMX tiles
 (Sapphire Rapids and later). Without AMX, torch's CPU kernels ran bf16 slower than float32
 even on a CPU that reports AVX512-BF16: on such a 2-core Xeon, ``results/dtype_cpu.json``
-measured float32 at 2.0× bf16's matmul rate at SmolLM2's shapes, 1.44× the RL trainer step's
-tokens/s and 1.33× the engine's on the replayed workload.
+measured float32 at 1.7× bf16's matmul rate at SmolLM2's shapes and 1.5× the RL trainer step's
+tokens/s; the engine on the replayed workload was no slower in float32 (1.03×).
 
 ``auto`` (:func:`resolve_dtype`) is bfloat16 where :func:`bf16_is_fast`, else float32. It is
 resolved where the dtype is used, for the device it is used on, so a run resumed on another
