@@ -11,6 +11,7 @@ from provrl.config import Section, TorchDevice
 VLLM_IGNORES = {
     "device": "vLLM places its weights and KV cache itself (its build picks the device)",
     "prefix_cache_min_tokens": "vLLM's prefix cache shares whole KV blocks, with no minimum",
+    "kv_release": "vLLM pages its own KV cache in blocks",
 }
 """EngineConfig fields the vLLM backend cannot honour: set to anything but their default
 with ``backend: vllm`` they are refused, not silently ignored."""
@@ -90,6 +91,13 @@ class EngineConfig(Section):
         ge=1,
         description="Shortest shared prefix worth copying from another slot (local backend; "
         "refused with backend vllm).",
+    )
+    kv_release: bool = Field(
+        True,
+        description="Give the OS back the KV pages of a slot that is freed or holds a shorter "
+        "context after a swap (madvise; local backend on a Linux CPU, else nothing): resident "
+        "memory follows the live contexts instead of each slot's longest one "
+        "(provrl/engine/pages.py).",
     )
     device: TorchDevice = Field(
         "cpu",

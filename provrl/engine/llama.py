@@ -44,6 +44,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
+from provrl.engine import pages
 from provrl.engine.api import EngineError
 
 # ----------------------------------------------------------------------------- shape
@@ -373,10 +374,11 @@ class KVCache:
     """K and V of every slot: ``[layers, slots, H_kv, max_context, d]``."""
 
     def __init__(self, shape: LlamaShape, n_slots: int, max_context: int, device: str,
-                 dtype: torch.dtype) -> None:  # fmt: skip
+                 dtype: torch.dtype, release: bool = True) -> None:  # fmt: skip
         size = (shape.n_layers, n_slots, shape.n_kv_heads, max_context, shape.head_dim)
         self.k = _lazy_zeros(size, dtype, device)
         self.v = _lazy_zeros(size, dtype, device)
+        self.release = release  # trim() gives pages back (EngineConfig.kv_release)
 
     def swap(self, a: int, b: int, len_a: int, len_b: int) -> None:
         """Exchange the first ``len_a`` / ``len_b`` positions of slots a and b."""
@@ -389,6 +391,24 @@ class KVCache:
         """Copy the first ``n`` positions of slot ``src`` into slot ``dst``."""
         for t in (self.k, self.v):
             t[:, dst, :, :n] = t[:, src, :, :n]
+
+    def trim(self, slot: int, n: int) -> int:
+        """Give the OS back the pages of ``slot`` past its first ``n`` positions (every layer
+        and head; :mod:`provrl.engine.pages`): the slot holds ``n`` tokens now, and what lies
+        beyond is never read unmasked. Returns the bytes released (0 off Linux or CPU, or when
+        built with ``release=False``)."""
+        L, S, Hkv, C, d = self.k.shape
+        if not self.release or n >= C:
+            return 0
+        # element ranges: per (layer, head) the tail [n, C) of the slot's positions; the whole
+        # [H_kv, C, d] block of a layer at once when nothing is kept
+        if n == 0:
+            block = Hkv * C * d
+            ranges = [((i * S + slot) * block, (i * S + slot + 1) * block) for i in range(L)]
+        else:
+            heads = [((i * S + slot) * Hkv + h) * C for i in range(L) for h in range(Hkv)]
+            ranges = [((r + n) * d, (r + C) * d) for r in heads]
+        return pages.release(self.k, ranges) + pages.release(self.v, ranges)
 
 
 # ----------------------------------------------------------------------------- one step

@@ -99,7 +99,8 @@ class LocalEngine:
             torch.compile(mlp_block, dynamic=True) if cfg.compile else mlp_block
         )
         # slots 0 … max_seqs-1 are the scheduler's; slot max_seqs is the audit's scratch slot
-        self.kv = KVCache(self.shape, cfg.max_seqs + 1, cfg.max_context, cfg.device, dtype)
+        self.kv = KVCache(self.shape, cfg.max_seqs + 1, cfg.max_context, cfg.device, dtype,
+                          release=cfg.kv_release)  # fmt: skip
         eos_ids = frozenset(stop_token_ids(self.tokenizer)) if cfg.eos_stops else frozenset()
         self._seeds = np.random.SeedSequence(cfg.seed)
         self._ids = itertools.count()
@@ -425,5 +426,6 @@ class LocalEngine:
                 continue  # the weights moved on: v_t can no longer be recomputed here
             step = audit.audit_step(a, self.cfg.max_seqs)
             logits = self._forward(step.build(self.cfg.device))  # [k, V]
+            self.kv.trim(self.cfg.max_seqs, 0)
             fresh = behaviour_logprob(logits.cpu(), *audit.sampling_inputs(a)).logprob
             audit.record(self._counters, fresh, a.recorded)

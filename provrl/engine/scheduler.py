@@ -287,9 +287,10 @@ class Scheduler:
         self.drop(req)
 
     def drop(self, req: Request) -> None:
-        """Forget a request and free its slot."""
+        """Forget a request and free its slot (its KV pages go back to the OS)."""
         if req.slot is not None:
             self.slot_owner[req.slot] = None
+            self.kv.trim(req.slot, 0)
             req.slot = None
         req.released = True
         self.requests.pop(req.rid, None)
@@ -298,6 +299,7 @@ class Scheduler:
         """Free an idle request's slot; its next turn re-prefills its whole context."""
         assert req.slot is not None
         self.slot_owner[req.slot] = None
+        self.kv.trim(req.slot, 0)
         req.slot = None
         req.n_cached = 0
         self.counters.evictions += 1
@@ -387,9 +389,14 @@ class Scheduler:
             other = self.slot_owner[s]
             if other is None:
                 self.kv.move(r.slot, s, r.n_cached)
+                self.kv.trim(r.slot, 0)
                 self.slot_owner[r.slot] = None
             else:
                 self.kv.swap(r.slot, s, r.n_cached, other.n_cached)
+                if other.n_cached < r.n_cached:  # the shorter context moves in: trim the rest
+                    self.kv.trim(r.slot, other.n_cached)
+                else:
+                    self.kv.trim(s, r.n_cached)
                 self.slot_owner[r.slot] = other
                 other.slot = r.slot
             self.slot_owner[s] = r

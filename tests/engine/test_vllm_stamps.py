@@ -107,7 +107,9 @@ def test_backend_is_a_config_field():
         load_config(RunConfig, "quick", ["engine.backend=sglang"])
 
 
-@pytest.mark.parametrize(("key", "value"), [("device", "cpu:0"), ("prefix_cache_min_tokens", 4)])
+@pytest.mark.parametrize(
+    ("key", "value"), [("device", "cpu:0"), ("prefix_cache_min_tokens", 4), ("kv_release", False)]
+)
 def test_options_vllm_ignores_are_refused_in_one_line(key, value):
     from provrl.config import ConfigError, load_config
     from provrl.run_config import RunConfig
