@@ -1,0 +1,151 @@
+"""What giving KV pages back saves: the engine's resident memory over a long replay.
+
+``python benchmarks/kv_memory.py --json --out results/kv_memory.json`` replays the shipped
+workload fixture (:mod:`provrl.bench.workload`: real agent episodes turn by turn), cycled to
+``--episodes`` episodes so that every KV slot serves many episodes of different lengths in
+turn, as in an RL stage, on a fresh :class:`~provrl.engine.local.LocalEngine` in a child
+process per arm and repeat (interleaved; medians reported):
+
+* ``release`` — ``engine.kv_release: true`` (the default): a freed slot's pages, and those
+  past a shorter context swapped in, go back to the OS (:mod:`provrl.engine.pages`);
+* ``keep`` — ``engine.kv_release: false``: a slot keeps every page it once wrote, so it
+  holds as much as the longest context it ever served.
+
+Each child samples its resident set size (psutil, every 50 ms) and reports the RSS once the
+engine is built and warm (``rss_start_mb``), the peak during the replay (``rss_peak_mb``) and
+their difference (``kv_growth_mb``: what the KV cache came to hold), with the replay's wall
+time and processed tokens/s (the syscalls' cost). ``kv_allocated_mb`` is the whole slot
+array, what ``keep`` tends to over a long run. Tokens and logprobs do not depend on the arm
+(tests/engine/test_pages.py).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Sequence
+from typing import Any
+
+ARMS = {"release": True, "keep": False}
+
+
+def child(release: bool, model: str, episodes: int, threads: int, dtype: str) -> dict[str, Any]:
+    """One arm in this process: build the engine, replay, report memory and speed."""
+    import psutil
+    import torch
+
+    from provrl.bench.replay import replay_on_engine, tool_waits
+    from provrl.bench.workload import FIXTURE, read_workload, take, token_counts
+    from provrl.engine.config import EngineConfig
+    from provrl.engine.local import LocalEngine
+    from provrl.models.loading import load_model
+
+    torch.set_num_threads(threads)
+    eps, header = read_workload(FIXTURE)
+    eps = take(eps, episodes)
+    conc = int(header.get("concurrency") or 32)
+    lm = load_model(model)
+    cfg = EngineConfig(max_seqs=conc, max_context=max(map(len, eps)) + 8, eos_stops=False,
+                       dtype=dtype, threads=threads, kv_release=release)  # type: ignore[arg-type]  # fmt: skip
+    proc = psutil.Process()
+    with LocalEngine(lm, cfg) as engine:
+        replay_on_engine(engine, eps[:1], 1, [[0.0] * len(eps[0].turns)], tag="warm")
+        start = proc.memory_info().rss
+        peak = [start]
+        done = threading.Event()
+
+        def sample() -> None:
+            while not done.wait(0.05):
+                peak[0] = max(peak[0], proc.memory_info().rss)
+
+        sampler = threading.Thread(target=sample, daemon=True)
+        sampler.start()
+        run = replay_on_engine(engine, eps, conc, tool_waits(eps, "none"), seed=0, tag="m")
+        done.set()
+        sampler.join()
+        peak[0] = max(peak[0], proc.memory_info().rss)
+        kv_bytes = engine.kv.k.numel() * engine.kv.k.element_size() * 2
+    mb = 2.0**20
+    counts = token_counts(eps)
+    return {
+        "rss_start_mb": start / mb,
+        "rss_peak_mb": peak[0] / mb,
+        "kv_growth_mb": (peak[0] - start) / mb,
+        "kv_allocated_mb": kv_bytes / mb,
+        "wall_s": run.wall_s,
+        "processed_tokens_per_s": counts["processed"] / run.wall_s,
+        "episodes": len(eps),
+        "concurrency": conc,
+        "max_context": cfg.max_context,
+        "dtype": str(engine.weights_dtype).removeprefix("torch."),
+    }
+
+
+def run_kv_memory_benchmark(
+    repeats: int = 2, episodes: int = 128, threads: int = 2, dtype: str = "auto",
+    model: str = "smollm2-135m",
+) -> dict[str, Any]:  # fmt: skip
+    """Both arms, ``repeats`` times each, interleaved, in fresh child processes."""
+    runs: dict[str, list[dict[str, Any]]] = {a: [] for a in ARMS}
+    for r in range(repeats):
+        for arm in ARMS if r % 2 == 0 else reversed(ARMS):
+            argv = [sys.executable, "-m", "provrl.bench.kv_memory", "--child", arm,
+                    "--episodes", str(episodes), "--threads", str(threads), "--dtype", dtype,
+                    "--model", model]  # fmt: skip
+            out = subprocess.run(argv, check=True, capture_output=True, text=True).stdout
+            runs[arm].append(json.loads(out.strip().splitlines()[-1]))
+    keys = ("rss_start_mb", "rss_peak_mb", "kv_growth_mb", "wall_s", "processed_tokens_per_s")
+    med = {a: {k: statistics.median(x[k] for x in rows) for k in keys} for a, rows in runs.items()}
+    first = runs["release"][0]
+    return {
+        "workload": "fixture",
+        "episodes": episodes,
+        "concurrency": first["concurrency"],
+        "max_context": first["max_context"],
+        "dtype": first["dtype"],
+        "threads": threads,
+        "kv_allocated_mb": first["kv_allocated_mb"],
+        "release": med["release"],
+        "keep": med["keep"],
+        "runs": runs,
+        "kv_growth_saved_mb": med["keep"]["kv_growth_mb"] - med["release"]["kv_growth_mb"],
+        "rss_peak_saved_mb": med["keep"]["rss_peak_mb"] - med["release"]["rss_peak_mb"],
+        "ratio_speed_release_over_keep": statistics.median(
+            a["processed_tokens_per_s"] / b["processed_tokens_per_s"]
+            for a, b in zip(runs["release"], runs["keep"], strict=True)
+        ),
+    }
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    p = argparse.ArgumentParser(description=(__doc__ or "").split("\n")[0])
+    p.add_argument("--repeats", type=int, default=2)
+    p.add_argument("--episodes", type=int, default=128, help="fixture episodes, cycled")
+    p.add_argument("--threads", type=int, default=2)
+    p.add_argument("--dtype", default="auto", choices=["auto", "float32", "bfloat16"])
+    p.add_argument("--model", default="smollm2-135m")
+    p.add_argument("--child", choices=list(ARMS), help=argparse.SUPPRESS)
+    p.add_argument("--json", action="store_true", help="print the JSON only")
+    p.add_argument("--out", default="", help="also write the record (results/kv_memory.json)")
+    args = p.parse_args(argv)
+    if args.child:
+        res = child(ARMS[args.child], args.model, args.episodes, args.threads, args.dtype)
+        print(json.dumps(res))
+        return
+    t0 = time.perf_counter()
+    result = run_kv_memory_benchmark(args.repeats, args.episodes, args.threads, args.dtype, args.model)  # fmt: skip
+    result["bench_wall_s"] = time.perf_counter() - t0
+    if args.out:
+        from provrl.bench.results import write_script_result
+
+        write_script_result(args.out, "kv_memory", result, args)
+    print(json.dumps(result) if args.json else json.dumps(result, indent=1))
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])
