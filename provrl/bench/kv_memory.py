@@ -11,8 +11,9 @@ process per arm and repeat (interleaved; medians reported):
 * ``keep`` — ``engine.kv_release: false``: a slot keeps every page it once wrote, so it
   holds as much as the longest context it ever served.
 
-Each child samples its resident set size (psutil, every 50 ms) and reports the RSS once the
-engine is built and warm (``rss_start_mb``), the peak during the replay (``rss_peak_mb``) and
+Each child reports its resident set size once the engine is built and warm
+(``rss_start_mb``), the kernel's high-water mark ``VmHWM`` over the replay, reset at its start
+(``rss_peak_mb``; Linux, as the trainer benchmark measures its peak) and
 their difference (``kv_growth_mb``: what the KV cache came to hold), with the replay's wall
 time and processed tokens/s (the syscalls' cost). ``kv_allocated_mb`` is the whole slot
 array, what ``keep`` tends to over a long run. Tokens and logprobs do not depend on the arm
@@ -26,7 +27,6 @@ import json
 import statistics
 import subprocess
 import sys
-import threading
 import time
 from collections.abc import Sequence
 from typing import Any
@@ -36,10 +36,10 @@ ARMS = {"release": True, "keep": False}
 
 def child(release: bool, model: str, episodes: int, threads: int, dtype: str) -> dict[str, Any]:
     """One arm in this process: build the engine, replay, report memory and speed."""
-    import psutil
     import torch
 
     from provrl.bench.replay import replay_on_engine, tool_waits
+    from provrl.bench.trainer import _status_mib, reset_peak_rss
     from provrl.bench.workload import FIXTURE, read_workload, take, token_counts
     from provrl.engine.config import EngineConfig
     from provrl.engine.local import LocalEngine
@@ -52,31 +52,19 @@ def child(release: bool, model: str, episodes: int, threads: int, dtype: str) ->
     lm = load_model(model)
     cfg = EngineConfig(max_seqs=conc, max_context=max(map(len, eps)) + 8, eos_stops=False,
                        dtype=dtype, threads=threads, kv_release=release)  # type: ignore[arg-type]  # fmt: skip
-    proc = psutil.Process()
     with LocalEngine(lm, cfg) as engine:
         replay_on_engine(engine, eps[:1], 1, [[0.0] * len(eps[0].turns)], tag="warm")
-        start = proc.memory_info().rss
-        peak = [start]
-        done = threading.Event()
-
-        def sample() -> None:
-            while not done.wait(0.05):
-                peak[0] = max(peak[0], proc.memory_info().rss)
-
-        sampler = threading.Thread(target=sample, daemon=True)
-        sampler.start()
+        reset_peak_rss()  # the kernel's high-water mark VmHWM restarts from here
+        start = _status_mib("VmRSS")
         run = replay_on_engine(engine, eps, conc, tool_waits(eps, "none"), seed=0, tag="m")
-        done.set()
-        sampler.join()
-        peak[0] = max(peak[0], proc.memory_info().rss)
+        peak = _status_mib("VmHWM")
         kv_bytes = engine.kv.k.numel() * engine.kv.k.element_size() * 2
-    mb = 2.0**20
     counts = token_counts(eps)
     return {
-        "rss_start_mb": start / mb,
-        "rss_peak_mb": peak[0] / mb,
-        "kv_growth_mb": (peak[0] - start) / mb,
-        "kv_allocated_mb": kv_bytes / mb,
+        "rss_start_mb": start,
+        "rss_peak_mb": peak,
+        "kv_growth_mb": peak - start,
+        "kv_allocated_mb": kv_bytes / 2**20,
         "wall_s": run.wall_s,
         "processed_tokens_per_s": counts["processed"] / run.wall_s,
         "episodes": len(eps),

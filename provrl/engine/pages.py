@@ -23,24 +23,19 @@ from collections.abc import Iterable
 
 import torch
 
-__all__ = ["PAGE", "release", "supported"]
+__all__ = ["PAGE", "release"]
 
 PAGE = mmap.PAGESIZE
 _MADV_DONTNEED = 4  # <sys/mman.h> on Linux
 _libc = ctypes.CDLL(None, use_errno=True) if sys.platform.startswith("linux") else None
 
 
-def supported(t: torch.Tensor) -> bool:
-    """True when :func:`release` can give ``t``'s pages back (Linux, CPU, contiguous)."""
-    return _libc is not None and t.device.type == "cpu" and t.is_contiguous()
-
-
 def release(t: torch.Tensor, ranges: Iterable[tuple[int, int]]) -> int:
     """``madvise(MADV_DONTNEED)`` the whole pages inside each element range ``[a, b)`` of
     ``t``'s flat storage: elements on those pages read as zero afterwards; the partial pages at
-    a range's ends keep their values. Returns the bytes given back (0 where
-    :func:`supported` is False)."""
-    if _libc is None or not supported(t):
+    a range's ends keep their values. Returns the bytes given back (0 off Linux, or
+    for a tensor that is not a contiguous CPU one)."""
+    if _libc is None or t.device.type != "cpu" or not t.is_contiguous():
         return 0
     base, size = t.data_ptr(), t.element_size()
     freed = 0
