@@ -9,7 +9,10 @@ process per arm and repeat (interleaved; medians reported):
 * ``release`` — ``engine.kv_release: true`` (the default): a freed slot's pages, and those
   past a shorter context swapped in, go back to the OS (:mod:`provrl.engine.pages`);
 * ``keep`` — ``engine.kv_release: false``: a slot keeps every page it once wrote, so it
-  holds as much as the longest context it ever served.
+  holds as much as the longest context it ever served;
+* ``huge`` — ``release`` with ``engine.kv_huge_pages: true``: the kernel's 2 MiB transparent
+  huge pages, as NumPy asks for them, where the default advises 4 KiB pages (a first write
+  commits and zeroes a whole huge page, and releases split them).
 
 Each child reports its resident set size once the engine is built and warm
 (``rss_start_mb``), the kernel's high-water mark ``VmHWM`` over the replay, reset at its start
@@ -31,11 +34,13 @@ import time
 from collections.abc import Sequence
 from typing import Any
 
-ARMS = {"release": True, "keep": False}
+ARMS = {"release": (True, False), "keep": (False, False), "huge": (True, True)}
+"""arm → (engine.kv_release, engine.kv_huge_pages)"""
 
 
-def child(release: bool, model: str, episodes: int, threads: int, dtype: str) -> dict[str, Any]:
+def child(arm: str, model: str, episodes: int, threads: int, dtype: str) -> dict[str, Any]:
     """One arm in this process: build the engine, replay, report memory and speed."""
+    release, huge = ARMS[arm]
     import torch
 
     from provrl.bench.replay import replay_on_engine, tool_waits
@@ -51,7 +56,8 @@ def child(release: bool, model: str, episodes: int, threads: int, dtype: str) ->
     conc = int(header.get("concurrency") or 32)
     lm = load_model(model)
     cfg = EngineConfig(max_seqs=conc, max_context=max(map(len, eps)) + 8, eos_stops=False,
-                       dtype=dtype, threads=threads, kv_release=release)  # type: ignore[arg-type]  # fmt: skip
+                       dtype=dtype, threads=threads, kv_release=release,  # type: ignore[arg-type]
+                       kv_huge_pages=huge)  # fmt: skip
     with LocalEngine(lm, cfg) as engine:
         replay_on_engine(engine, eps[:1], 1, [[0.0] * len(eps[0].turns)], tag="warm")
         reset_peak_rss()  # the kernel's high-water mark VmHWM restarts from here
@@ -98,16 +104,21 @@ def run_kv_memory_benchmark(
         "dtype": first["dtype"],
         "threads": threads,
         "kv_allocated_mb": first["kv_allocated_mb"],
-        "release": med["release"],
-        "keep": med["keep"],
+        **{arm: med[arm] for arm in ARMS},
         "runs": runs,
         "kv_growth_saved_mb": med["keep"]["kv_growth_mb"] - med["release"]["kv_growth_mb"],
         "rss_peak_saved_mb": med["keep"]["rss_peak_mb"] - med["release"]["rss_peak_mb"],
-        "ratio_speed_release_over_keep": statistics.median(
-            a["processed_tokens_per_s"] / b["processed_tokens_per_s"]
-            for a, b in zip(runs["release"], runs["keep"], strict=True)
-        ),
+        "kv_growth_saved_vs_huge_mb": med["huge"]["kv_growth_mb"] - med["release"]["kv_growth_mb"],
+        "ratio_speed_release_over_keep": _speed_ratio(runs["release"], runs["keep"]),
+        "ratio_speed_release_over_huge": _speed_ratio(runs["release"], runs["huge"]),
     }
+
+
+def _speed_ratio(a: list[dict[str, Any]], b: list[dict[str, Any]]) -> float:
+    """Median over repeats of the tokens/s ratio of two arms run side by side."""
+    return statistics.median(
+        x["processed_tokens_per_s"] / y["processed_tokens_per_s"] for x, y in zip(a, b, strict=True)
+    )
 
 
 def main(argv: Sequence[str] | None = None) -> None:
@@ -122,7 +133,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     p.add_argument("--out", default="", help="also write the record (results/kv_memory.json)")
     args = p.parse_args(argv)
     if args.child:
-        res = child(ARMS[args.child], args.model, args.episodes, args.threads, args.dtype)
+        res = child(args.child, args.model, args.episodes, args.threads, args.dtype)
         print(json.dumps(res))
         return
     t0 = time.perf_counter()

@@ -12,6 +12,7 @@ VLLM_IGNORES = {
     "device": "vLLM places its weights and KV cache itself (its build picks the device)",
     "prefix_cache_min_tokens": "vLLM's prefix cache shares whole KV blocks, with no minimum",
     "kv_release": "vLLM pages its own KV cache in blocks",
+    "kv_huge_pages": "vLLM allocates its own KV cache",
 }
 """EngineConfig fields the vLLM backend cannot honour: set to anything but their default
 with ``backend: vllm`` they are refused, not silently ignored."""
@@ -98,6 +99,12 @@ class EngineConfig(Section):
         "context after a swap (madvise; local backend on a Linux CPU, else nothing): resident "
         "memory follows the live contexts instead of each slot's longest one "
         "(provrl/engine/pages.py).",
+    )
+    kv_huge_pages: bool = Field(
+        False,
+        description="Ask the kernel to back the KV cache with 2 MiB transparent huge pages, as "
+        "NumPy does for large arrays; false: 4 KiB pages, so a slot's first write commits and "
+        "zeroes only what it writes (local backend on a Linux CPU; provrl/engine/pages.py).",
     )
     device: TorchDevice = Field(
         "cpu",

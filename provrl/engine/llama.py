@@ -40,7 +40,6 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-import numpy as np
 import torch
 import torch.nn.functional as F
 
@@ -362,22 +361,22 @@ def qk_head_norm(qk: torch.Tensor, gains: torch.Tensor, n_q: int, eps: float) ->
 
 # ----------------------------------------------------------------------------- KV cache
 def _lazy_zeros(shape: tuple[int, ...], dtype: torch.dtype, device: str) -> torch.Tensor:
-    """Zeros whose pages the OS commits only when written (calloc via NumPy) on CPU."""
+    """Zeros whose pages the OS commits only when written (:func:`pages.zeros`) on CPU."""
     if device != "cpu":
         return torch.zeros(shape, dtype=dtype, device=device)
-    np_dtype = {torch.float32: np.float32, torch.float16: np.float16}.get(dtype, np.uint16)
-    t = torch.from_numpy(np.zeros(shape, dtype=np_dtype))
-    return t if t.dtype == dtype else t.view(dtype)
+    return pages.zeros(shape, dtype)
 
 
 class KVCache:
     """K and V of every slot: ``[layers, slots, H_kv, max_context, d]``."""
 
     def __init__(self, shape: LlamaShape, n_slots: int, max_context: int, device: str,
-                 dtype: torch.dtype, release: bool = True) -> None:  # fmt: skip
+                 dtype: torch.dtype, release: bool = True, huge_pages: bool = False) -> None:  # fmt: skip
         size = (shape.n_layers, n_slots, shape.n_kv_heads, max_context, shape.head_dim)
         self.k = _lazy_zeros(size, dtype, device)
         self.v = _lazy_zeros(size, dtype, device)
+        for t in (self.k, self.v):  # 4 KiB pages: a write commits what it writes
+            pages.page_size(t, huge=huge_pages)
         self.release = release  # trim() gives pages back (EngineConfig.kv_release)
 
     def swap(self, a: int, b: int, len_a: int, len_b: int) -> None:

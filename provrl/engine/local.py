@@ -100,7 +100,7 @@ class LocalEngine:
         )
         # slots 0 … max_seqs-1 are the scheduler's; slot max_seqs is the audit's scratch slot
         self.kv = KVCache(self.shape, cfg.max_seqs + 1, cfg.max_context, cfg.device, dtype,
-                          release=cfg.kv_release)  # fmt: skip
+                          release=cfg.kv_release, huge_pages=cfg.kv_huge_pages)  # fmt: skip
         eos_ids = frozenset(stop_token_ids(self.tokenizer)) if cfg.eos_stops else frozenset()
         self._seeds = np.random.SeedSequence(cfg.seed)
         self._ids = itertools.count()

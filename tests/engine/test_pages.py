@@ -67,6 +67,40 @@ def test_trim_keeps_the_slots_prefix_and_every_other_slot():
     assert torch.equal(kv.k[:, [0, 2]], ref_k[:, [0, 2]])
 
 
+def vm_flags(t: torch.Tensor) -> set[str]:
+    """The kernel's VmFlags of the mapping holding ``t`` (/proc/self/smaps): ``hg`` after
+    MADV_HUGEPAGE, ``nh`` after MADV_NOHUGEPAGE."""
+    addr, inside = t.data_ptr(), False
+    with open("/proc/self/smaps") as f:
+        for line in f:
+            head = line.split()[0]
+            if "-" in head and ":" not in head:
+                lo, hi = (int(x, 16) for x in head.split("-"))
+                inside = lo <= addr < hi
+            elif inside and head == "VmFlags:":
+                return set(line.split()[1:])
+    raise AssertionError("no mapping holds the tensor")
+
+
+@linux
+@pytest.mark.parametrize("huge", [False, True])
+def test_the_cache_is_a_fresh_mapping_with_the_page_size_asked(huge):
+    """64 MiB per tensor, nothing resident before the first write (a fresh mapping, whatever
+    the allocator holds free), and the mapping advised as asked; with small pages, writing
+    one element commits one 4 KiB page (with huge pages the kernel may commit 2 MiB)."""
+    shape = LlamaShape(vocab_size=100, hidden=64, n_layers=4, n_heads=4, n_kv_heads=2,
+                       head_dim=64, intermediate=16, eps=1e-5, tied=True)  # fmt: skip
+    kv = KVCache(shape, n_slots=8, max_context=4096, device="cpu", dtype=torch.float32,
+                 huge_pages=huge)  # fmt: skip
+    assert kv.k.numel() * 4 == 64 * 2**20
+    assert resident_pages(kv.k) == 0 and kv.k.data_ptr() % pages.PAGE == 0
+    assert ("hg" if huge else "nh") in vm_flags(kv.k) and ("hg" if huge else "nh") in vm_flags(kv.v)
+    kv.k[2, 4, 1, 1000] = 1.0  # a page in the middle of the allocation
+    assert resident_pages(kv.k) >= 1
+    if not huge:
+        assert resident_pages(kv.k) == 1
+
+
 def test_trim_is_a_no_op_off_the_cpu_layout():
     kv = KVCache(SHAPE, n_slots=2, max_context=64, device="cpu", dtype=torch.float32)
     assert kv.trim(0, 64) == 0  # nothing past the context

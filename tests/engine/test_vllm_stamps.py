@@ -108,7 +108,13 @@ def test_backend_is_a_config_field():
 
 
 @pytest.mark.parametrize(
-    ("key", "value"), [("device", "cpu:0"), ("prefix_cache_min_tokens", 4), ("kv_release", False)]
+    ("key", "value"),
+    [
+        ("device", "cpu:0"),
+        ("prefix_cache_min_tokens", 4),
+        ("kv_release", False),
+        ("kv_huge_pages", True),
+    ],
 )
 def test_options_vllm_ignores_are_refused_in_one_line(key, value):
     from provrl.config import ConfigError, load_config
