@@ -29,6 +29,7 @@ pages strictly inside a range are released, so no neighbouring data is touched.
 from __future__ import annotations
 
 import ctypes
+import errno
 import math
 import mmap
 import sys
@@ -49,7 +50,7 @@ def zeros(shape: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor:
     """A CPU tensor of zeros in a fresh anonymous mapping (``mmap``): no page is committed
     until written, whatever the allocator holds free, and the storage is page-aligned."""
     nbytes = math.prod(shape) * torch.empty((), dtype=dtype).element_size()
-    if nbytes == 0:
+    if nbytes == 0 or not hasattr(mmap, "MAP_ANONYMOUS"):  # (Windows: no anonymous mmap flags)
         return torch.zeros(shape, dtype=dtype)
     # private anonymous memory (mmap's default for -1 is shared, which MADV_DONTNEED cannot
     # free); zero-filled; the tensor keeps the mapping alive
@@ -88,8 +89,13 @@ def page_size(t: torch.Tensor, huge: bool) -> int:
     """Ask for ``t``'s storage to be backed by base pages (``madvise(MADV_NOHUGEPAGE)``: a first
     write commits and zeroes 4 KiB) or by transparent huge pages (``MADV_HUGEPAGE``: 2 MiB at
     a time, as NumPy asks for its large arrays), before anything is written. Returns the bytes
-    advised (0 off Linux or CPU)."""
+    advised (0 off Linux or CPU, or where the kernel has no huge pages to choose between)."""
     advice, name = (
         (_MADV_HUGEPAGE, "MADV_HUGEPAGE") if huge else (_MADV_NOHUGEPAGE, "MADV_NOHUGEPAGE")
     )
-    return _madvise(t, [(0, t.numel())], advice, name)
+    try:
+        return _madvise(t, [(0, t.numel())], advice, name)
+    except OSError as e:  # a kernel built without transparent huge pages: base pages anyway
+        if e.errno == errno.EINVAL:
+            return 0
+        raise

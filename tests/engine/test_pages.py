@@ -101,6 +101,24 @@ def test_the_cache_is_a_fresh_mapping_with_the_page_size_asked(huge):
         assert resident_pages(kv.k) == 1
 
 
+def test_a_kernel_without_huge_pages_is_no_error_but_a_failed_release_is(monkeypatch):
+    """madvise(MADV_[NO]HUGEPAGE) fails with EINVAL on a kernel built without transparent huge
+    pages: the cache has base pages anyway, so the engine still starts; a failed release is an
+    error that names the call."""
+    import errno
+
+    class NoTHP:
+        def madvise(self, addr, size, advice):
+            ctypes.set_errno(errno.EINVAL)
+            return -1
+
+    monkeypatch.setattr(pages, "_libc", NoTHP())
+    t = pages.zeros((4 * pages.PAGE,), torch.float32)
+    assert pages.page_size(t, huge=False) == 0 and pages.page_size(t, huge=True) == 0
+    with pytest.raises(OSError, match="MADV_DONTNEED"):
+        pages.release(t, [(0, t.numel())])
+
+
 def test_trim_is_a_no_op_off_the_cpu_layout():
     kv = KVCache(SHAPE, n_slots=2, max_context=64, device="cpu", dtype=torch.float32)
     assert kv.trim(0, 64) == 0  # nothing past the context
