@@ -360,23 +360,15 @@ def qk_head_norm(qk: torch.Tensor, gains: torch.Tensor, n_q: int, eps: float) ->
 
 
 # ----------------------------------------------------------------------------- KV cache
-def _lazy_zeros(shape: tuple[int, ...], dtype: torch.dtype, device: str) -> torch.Tensor:
-    """Zeros whose pages the OS commits only when written (:func:`pages.zeros`) on CPU."""
-    if device != "cpu":
-        return torch.zeros(shape, dtype=dtype, device=device)
-    return pages.zeros(shape, dtype)
-
-
 class KVCache:
     """K and V of every slot: ``[layers, slots, H_kv, max_context, d]``."""
 
     def __init__(self, shape: LlamaShape, n_slots: int, max_context: int, device: str,
                  dtype: torch.dtype, release: bool = True, huge_pages: bool = False) -> None:  # fmt: skip
         size = (shape.n_layers, n_slots, shape.n_kv_heads, max_context, shape.head_dim)
-        self.k = _lazy_zeros(size, dtype, device)
-        self.v = _lazy_zeros(size, dtype, device)
-        for t in (self.k, self.v):  # 4 KiB pages: a write commits what it writes
-            pages.page_size(t, huge=huge_pages)
+        # zeros the OS commits page by page as they are written (4 KiB pages by default)
+        self.k = pages.zeros(size, dtype, device, huge=huge_pages)
+        self.v = pages.zeros(size, dtype, device, huge=huge_pages)
         self.release = release  # trim() gives pages back (EngineConfig.kv_release)
 
     def swap(self, a: int, b: int, len_a: int, len_b: int) -> None:

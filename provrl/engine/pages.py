@@ -8,7 +8,7 @@ context it once held, and resident memory approaches the whole allocation (SmolL
 slots × 1544 positions in float32: 2.3 GB) although the contexts alive at any time fill a
 fraction of it. :func:`release` hands the whole pages inside byte ranges of a tensor back
 with ``madvise(MADV_DONTNEED)``: the kernel drops them, later reads return zeros and the
-next write commits a fresh page (the same contract as the calloc'd memory they came from).
+next write commits a fresh page (the same contract as the fresh mapping they came from).
 It is the OS doing for the slot layout what a paged KV cache does by hand.
 
 **Small pages.** The kernel may back a large mapping with transparent huge pages (2 MiB; NumPy
@@ -46,16 +46,20 @@ _MADV_NOHUGEPAGE = 15
 _libc = ctypes.CDLL(None, use_errno=True) if sys.platform.startswith("linux") else None
 
 
-def zeros(shape: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor:
-    """A CPU tensor of zeros in a fresh anonymous mapping (``mmap``): no page is committed
-    until written, whatever the allocator holds free, and the storage is page-aligned."""
-    nbytes = math.prod(shape) * torch.empty((), dtype=dtype).element_size()
-    if nbytes == 0 or not hasattr(mmap, "MAP_ANONYMOUS"):  # (Windows: no anonymous mmap flags)
-        return torch.zeros(shape, dtype=dtype)
+def zeros(shape: tuple[int, ...], dtype: torch.dtype, device: str = "cpu",
+          huge: bool = False) -> torch.Tensor:  # fmt: skip
+    """Zeros whose pages the OS commits only when written: on the CPU a fresh anonymous
+    mapping (``mmap``; whatever the allocator holds free, and page-aligned) advised to base
+    pages, or to huge pages with ``huge`` (:func:`page_size`); elsewhere ``torch.zeros``."""
+    nbytes = math.prod(shape) * dtype.itemsize
+    if device != "cpu" or nbytes == 0 or not hasattr(mmap, "MAP_ANONYMOUS"):  # (Windows)
+        return torch.zeros(shape, dtype=dtype, device=device)
     # private anonymous memory (mmap's default for -1 is shared, which MADV_DONTNEED cannot
     # free); zero-filled; the tensor keeps the mapping alive
     buf = mmap.mmap(-1, nbytes, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
-    return torch.frombuffer(buf, dtype=dtype).view(shape)
+    t = torch.frombuffer(buf, dtype=dtype).view(shape)
+    page_size(t, huge)
+    return t
 
 
 def _madvise(t: torch.Tensor, ranges: Iterable[tuple[int, int]], advice: int, name: str) -> int:

@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from provrl.engine import pages
-from provrl.engine.llama import KVCache, LlamaShape, _lazy_zeros
+from provrl.engine.llama import KVCache, LlamaShape
 from provrl.provenance import SamplingParams
 
 linux = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="madvise / mincore: Linux")
@@ -32,7 +32,7 @@ def resident_pages(t: torch.Tensor) -> int:
 @linux
 def test_release_drops_whole_pages_only_and_they_read_zero():
     per_page = pages.PAGE // 4
-    t = _lazy_zeros((66 * per_page,), torch.float32, "cpu")
+    t = pages.zeros((66 * per_page,), torch.float32)
     t = t[(-t.data_ptr() % pages.PAGE) // 4 :][: 64 * per_page]  # from a page boundary on
     t.fill_(1.0)
     before = resident_pages(t)
