@@ -26,9 +26,10 @@ a prefix-cache hit is work the engine did not have to redo, so it counts as spee
 reported: sampled tokens/s, episodes/s, time per turn (submit → turn done, tool wait
 excluded), mean sampled rows per engine step (batch occupancy), the share of context tokens
 served from the prefix cache, and the fraction of the matmul rate at the model's MLP shape
-measured in the same repeat, in the faster of bf16 and fp32 on this device (bf16 with bf16
+measured in the same run, in the faster of bf16 and fp32 on this device (bf16 with bf16
 matrix units, fp32 on a CPU without AMX): the workload's weight-matmul FLOPs
-(:func:`workload_flop`) per second over the matmul's FLOP/s.
+(:func:`workload_flop`) per second over the matmul's peak FLOP/s
+(:mod:`provrl.bench.roofline`), probed before the engines start and before each repeat.
 """
 
 from __future__ import annotations
@@ -44,6 +45,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from provrl.bench.roofline import PEAK_QUANTILE, matmul_rates, roofline
 from provrl.bench.workload import (
     FIXTURE,
     Episode,
@@ -188,25 +190,6 @@ def replay_on_hf(
     return ArmRun(time.perf_counter() - t0, sampled, times)
 
 
-def matmul_gflops(
-    rows: int, k: int, n: int, dtype: torch.dtype, device: str = "cpu", repeats: int = 5
-) -> float:
-    """Measured GFLOP/s of a [rows, k] @ [k, n] matmul in ``dtype`` (median of ``repeats``
-    after one warm-up), on this thread's torch threads."""
-    a = torch.randn(rows, k, dtype=dtype, device=device)
-    b = torch.randn(k, n, dtype=dtype, device=device)
-    sync = torch.cuda.synchronize if a.is_cuda else (lambda: None)
-    a @ b
-    sync()
-    times = []
-    for _ in range(repeats):
-        t = time.perf_counter()
-        a @ b
-        sync()
-        times.append(time.perf_counter() - t)
-    return 2 * rows * k * n / statistics.median(times) / 1e9
-
-
 def workload_flop(shape: LlamaShape, counts: dict[str, int]) -> float:
     """Weight-matmul FLOPs of a replay: every fed position through the layers,
     2·(params − embedding − untied head) each — the embedding is a lookup; the last sampled
@@ -304,6 +287,16 @@ def run_workload_benchmark(
     dtype = resolve_dtype(dtype, device)  # auto: the device's fast dtype, as the presets
     cfg = EngineConfig(max_seqs=conc, max_context=max(map(len, eps)) + 8, eos_stops=False,
                        dtype=dtype, device=device, threads=threads)  # type: ignore[arg-type]  # fmt: skip
+    mc = lm.model.config
+    mm_shape = (256, mc.hidden_size, 2 * mc.intermediate_size)  # the MLP's fused gate|up
+    probes: dict[str, dict[str, list[float]]] = {"bf16": {}, "fp32": {}}
+
+    def probe(when: str) -> None:
+        say(f"matmul rate ({when})")
+        for key, dt in (("bf16", torch.bfloat16), ("fp32", torch.float32)):
+            probes[key][when] = matmul_rates(*mm_shape, dtype=dt, device=device)
+
+    probe("before the engines")
     engine = LocalEngine(lm, cfg)
     shape = engine.shape
     flop = workload_flop(shape, counts)
@@ -325,23 +318,23 @@ def run_workload_benchmark(
     if vllm is not None:
         replay_on_engine(vllm, warm, 1, [[0.0] * len(eps[0].turns)], tag="warm")
         arms["vllm"] = lambda r: replay_on_engine(vllm, eps, conc, waits, seed=1000 * r, tag=f"v{r}")  # fmt: skip
-    mm_shape = (256, shape.hidden, 2 * shape.intermediate)
-    per_arm: dict[str, list[dict[str, float]]] = {a: [] for a in arms}
-    gflops_all: list[float] = []
-    fp32_all: list[float] = []
+    per_arm_runs: dict[str, list[ArmRun]] = {a: [] for a in arms}
     for r in range(repeats):
-        # the roofline is the faster matmul dtype of this device: bf16 with bf16 matrix
-        # units, fp32 on a CPU without AMX (provrl/models/precision.py)
-        gflops_all.append(matmul_gflops(*mm_shape, torch.bfloat16, device))
-        fp32_all.append(matmul_gflops(*mm_shape, torch.float32, device))
-        gflops = max(gflops_all[-1], fp32_all[-1])
+        probe(f"repeat {r + 1}")
         order = list(arms) if r % 2 == 0 else list(reversed(arms))
         for name in order:
             say(f"repeat {r + 1}/{repeats}: {name}")
             run = arms[name](r)
             if run.sampled != counts["action"]:
                 raise WorkloadError(f"{name}: sampled {run.sampled} tokens, expected {counts['action']}")  # fmt: skip
-            per_arm[name].append(arm_figures(run, counts, flop, gflops))
+            per_arm_runs[name].append(run)
+    # the roofline is the faster matmul dtype of this device (bf16 with bf16 matrix units,
+    # fp32 on a CPU without AMX: provrl/models/precision.py), at its peak over the run
+    peaks = {key: roofline([x for r in rates.values() for x in r])["peak"]
+             for key, rates in probes.items()}  # fmt: skip
+    gflops = max(peaks.values())
+    per_arm = {a: [arm_figures(run, counts, flop, gflops) for run in runs]
+               for a, runs in per_arm_runs.items()}  # fmt: skip
     engine.close()
     if vllm is not None:
         vllm.close()
@@ -362,12 +355,16 @@ def run_workload_benchmark(
         "params": shape.n_params,
         "workload_gflop": flop / 1e9,
         "gflop_per_processed_token": flop / 1e9 / counts["processed"],
-        "bf16_matmul_shape": list(mm_shape),
-        "bf16_matmul_gflops": float(statistics.median(gflops_all)),
-        "bf16_matmul_gflops_all": gflops_all,
-        "fp32_matmul_gflops": float(statistics.median(fp32_all)),
-        "fp32_matmul_gflops_all": fp32_all,
-        "matmul_fraction_of": "the faster of bf16 and fp32 per repeat",
+        "matmul_shape": list(mm_shape),
+        **{f"{key}_matmul_gflops": peaks[key] for key in probes},
+        **{
+            f"{key}_matmul_probes": {w: roofline(r) for w, r in rates.items()}
+            for key, rates in probes.items()
+        },
+        "matmul_gflops": gflops,
+        "matmul_fraction_of": f"the peak (p{round(100 * PEAK_QUANTILE)} of per-call rates) "
+        "of the faster of bf16 and fp32 over every probe of the run: one before any engine "
+        "starts, one before each repeat",
     }
     for name, rows in per_arm.items():
         result[name] = {**_medians(rows), "all": rows}

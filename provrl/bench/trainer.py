@@ -206,10 +206,13 @@ def reset_peak_rss() -> None:
 
 
 # ------------------------------------------------------------------------------ the peak rate
-def matmul_rate(threads: int, repeats: int = 5) -> dict[str, Any]:
-    """GFLOP/s of ``torch.mm`` at :data:`MATMUL_SHAPES` in bf16 and fp32 on ``threads``
-    threads (median of ``repeats`` per shape); ``bf16_gflops`` is the median over shapes."""
+def matmul_rate(threads: int) -> dict[str, Any]:
+    """GFLOP/s of a matmul at :data:`MATMUL_SHAPES` in bf16 and fp32 on ``threads`` threads
+    (the median call of :func:`provrl.bench.roofline.matmul_rates` per shape);
+    ``bf16_gflops`` is the median over shapes."""
     import torch
+
+    from provrl.bench.roofline import matmul_rates, roofline
 
     if threads:
         torch.set_num_threads(threads)
@@ -217,15 +220,7 @@ def matmul_rate(threads: int, repeats: int = 5) -> dict[str, Any]:
     for dtype, key in ((torch.bfloat16, "bf16"), (torch.float32, "fp32")):
         rates = []
         for m, k, n in MATMUL_SHAPES:
-            a = torch.randn(m, k).to(dtype)
-            b = torch.randn(k, n).to(dtype)
-            torch.mm(a, b)  # warm-up
-            times = []
-            for _ in range(repeats):
-                t0 = time.perf_counter()
-                torch.mm(a, b)
-                times.append(time.perf_counter() - t0)
-            rate = 2 * m * k * n / statistics.median(times) / 1e9
+            rate = roofline(matmul_rates(m, k, n, dtype=dtype))["median"]
             rates.append(rate)
             out["shapes"].append({"dtype": key, "mkn": [m, k, n], "gflops": round(rate, 1)})
         out[f"{key}_gflops"] = round(statistics.median(rates), 1)

@@ -81,6 +81,12 @@ def test_the_benchmark_reports_every_arm_on_the_tiny_model():
     )
     assert r["concurrency"] == 32 and r["workload_differs_from_real"]
     assert "vllm" in r or r["vllm_skipped"]  # vLLM only where it is importable
+    # the roofline: probed before the engines start and before each repeat, its peak the
+    # faster dtype's over the run, the denominator of every arm's fraction
+    assert list(r["fp32_matmul_probes"]) == ["before the engines", "repeat 1"]
+    assert r["matmul_gflops"] == max(r["bf16_matmul_gflops"], r["fp32_matmul_gflops"])
+    e = r["engine"]
+    assert e["matmul_fraction"] == pytest.approx(r["workload_gflop"] / e["wall_s"] / r["matmul_gflops"])  # fmt: skip
     json.dumps(r)
 
 

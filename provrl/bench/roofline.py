@@ -1,0 +1,69 @@
+"""The matmul roofline: how many FLOP/s this device reaches on one matmul shape.
+
+A benchmark's "fraction of the hardware" divides its own FLOP/s by a matmul rate measured in
+the same run. A rate from a handful of calls is noisy in one direction only: a call slowed by
+another process, a sleeping thread pool or a frequency step is slower, never faster, than the
+hardware allows. So :func:`matmul_rates` times calls for a fixed span of wall time (after two
+warm-up calls) rather than a fixed count, and :func:`roofline` summarises them by their
+median and by a high quantile, the ``peak``: the rate the device sustained on its better
+calls, the denominator a fraction should use. For one call of ``2·m·k·n`` FLOPs taking
+``t`` seconds the rate is ``2·m·k·n / t``.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+import numpy as np
+import torch
+
+PEAK_QUANTILE = 0.9
+"""The quantile of the per-call rates reported as the device's peak."""
+
+
+def matmul_rates(
+    m: int,
+    k: int,
+    n: int,
+    dtype: torch.dtype = torch.float32,
+    device: str = "cpu",
+    min_s: float = 0.3,
+    min_calls: int = 5,
+    max_s: float = 3.0,
+) -> list[float]:
+    """GFLOP/s of each timed ``[m, k] @ [k, n]`` call in ``dtype`` on this thread's torch
+    threads: two warm-up calls, then calls until both ``min_s`` seconds and ``min_calls``
+    calls are done, or ``max_s`` seconds are (at least one call: a dtype without a fast path
+    costs ~1 s a call on a CPU without bf16 units)."""
+    a = torch.randn(m, k, device=device).to(dtype)
+    b = torch.randn(k, n, device=device).to(dtype)
+    sync = torch.cuda.synchronize if a.is_cuda else (lambda: None)
+    start = time.perf_counter()
+    for _ in range(2):
+        a @ b
+        sync()
+        if time.perf_counter() - start > max_s:  # a slow path: one warm-up is enough
+            break
+    flop = 2.0 * m * k * n
+    rates: list[float] = []
+    start = time.perf_counter()
+    while True:
+        t = time.perf_counter()
+        a @ b
+        sync()
+        rates.append(flop / (time.perf_counter() - t) / 1e9)
+        spent = time.perf_counter() - start
+        if spent >= max_s or (spent >= min_s and len(rates) >= min_calls):
+            return rates
+
+
+def roofline(rates: list[float]) -> dict[str, Any]:
+    """``{"median", "peak", "calls"}`` of per-call GFLOP/s; ``peak`` is the
+    :data:`PEAK_QUANTILE` quantile (the module docstring says why not the median)."""
+    r = np.asarray(rates, dtype=float)
+    return {
+        "median": float(np.median(r)),
+        "peak": float(np.quantile(r, PEAK_QUANTILE)),
+        "calls": len(rates),
+    }
