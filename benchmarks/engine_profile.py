@@ -4,6 +4,8 @@ The profiler is :mod:`provrl.bench.engine_profile` (its docstring says what is w
 this script runs it::
 
     .venv/bin/python benchmarks/engine_profile.py --out-dir runs/engine-profile   # SmolLM2, the fixture
+    .venv/bin/python benchmarks/engine_profile.py --out-dir runs/engine-profile --threads 2 \
+        --out results/engine_profile.json                                     # the record docs quote
     .venv/bin/python benchmarks/engine_profile.py --out-dir /tmp/p --model tiny --episodes 4
 """
 

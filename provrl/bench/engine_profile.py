@@ -214,10 +214,17 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     ap.add_argument("--row-limit", type=int, default=40, help="ops in ops.txt / ops.json")
     ap.add_argument("--trace", action="store_true", help="also write the Chrome trace")
     ap.add_argument("--json", action="store_true", help="print the summary on one line")
+    ap.add_argument("--out", default=None,
+                    help="also write the summary as a results record here (commit, machine, "
+                    "command, config): the file docs quote")  # fmt: skip
     a = ap.parse_args(argv)
     summary = profile_workload(a.out_dir, a.workload, a.model, episodes=a.episodes,
                                concurrency=a.concurrency, dtype=a.dtype, threads=a.threads,
                                tool_latency=a.tool_latency, device=a.device, row_limit=a.row_limit,
                                trace=a.trace)  # fmt: skip
+    if a.out:
+        from provrl.bench.results import write_script_result
+
+        write_script_result(a.out, "engine_profile", summary, a)
     print(json.dumps(summary, indent=None if a.json else 1))
     return summary

@@ -44,10 +44,13 @@ def test_phase_ranges_leave_the_engine_as_it_was(tiny):
 
 def test_profile_smoke_on_the_tiny_model(tmp_path):
     s = main(["--out-dir", str(tmp_path), "--model", "tiny", "--episodes", "3",
-              "--concurrency", "2", "--dtype", "float32", "--row-limit", "10", "--json"])  # fmt: skip
+              "--concurrency", "2", "--dtype", "float32", "--row-limit", "10", "--json",
+              "--out", str(tmp_path / "rec.json")])  # fmt: skip
     assert s["steps"] > 0 and s["seconds"]["forward"]["gemm"] > 0
     assert set(s["seconds"]) >= {"plan", "forward", "sample", "apply"}
     assert s["tokens"]["episodes"] == 3 and s["python_s_per_step"] > 0
     assert len(json.loads((tmp_path / "ops.json").read_text())) == 10
     assert "aten::mm" in (tmp_path / "ops.txt").read_text()
     assert json.loads((tmp_path / "summary.json").read_text())["steps"] == s["steps"]
+    rec = json.loads((tmp_path / "rec.json").read_text())  # the record docs would quote
+    assert rec["benchmark"] == "engine_profile" and rec["commit"] and rec["steps"] == s["steps"]
