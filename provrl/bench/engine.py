@@ -92,22 +92,15 @@ def median(xs: Sequence[float]) -> float:
     return float(statistics.median(xs))
 
 
-def matmul_gflops(n: int = 2048, repeats: int = 5, device: str = "cpu") -> tuple[float, float]:
+def matmul_gflops(n: int = 2048, device: str = "cpu") -> tuple[float, float]:
     """Measured fp32 GFLOP/s of an n×n×n matmul, per wall second and per CPU second of
-    this process (median of ``repeats``)."""
-    a, b = torch.randn(n, n, device=device), torch.randn(n, n, device=device)
-    sync = torch.cuda.synchronize if a.is_cuda else (lambda: None)
-    a @ b  # warm-up
-    sync()
-    wall, cpu = [], []
-    for _ in range(repeats):
-        t, c = time.perf_counter(), time.process_time()
-        a @ b
-        sync()
-        wall.append(time.perf_counter() - t)
-        cpu.append(time.process_time() - c)
-    flop = 2 * n**3
-    return flop / median(wall) / 1e9, flop / median(cpu) / 1e9
+    this process (the median call of :func:`provrl.bench.roofline.matmul_rates` under
+    each clock)."""
+    from provrl.bench.roofline import matmul_rates, roofline
+
+    wall = roofline(matmul_rates(n, n, n, device=device))["median"]
+    cpu = roofline(matmul_rates(n, n, n, device=device, clock=time.process_time))["median"]
+    return wall, cpu
 
 
 @torch.no_grad()

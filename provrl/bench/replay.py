@@ -287,8 +287,8 @@ def run_workload_benchmark(
     dtype = resolve_dtype(dtype, device)  # auto: the device's fast dtype, as the presets
     cfg = EngineConfig(max_seqs=conc, max_context=max(map(len, eps)) + 8, eos_stops=False,
                        dtype=dtype, device=device, threads=threads)  # type: ignore[arg-type]  # fmt: skip
-    mc = lm.model.config
-    mm_shape = (256, mc.hidden_size, 2 * mc.intermediate_size)  # the MLP's fused gate|up
+    mc = LlamaShape.from_config(lm.model.config)
+    mm_shape = (256, mc.hidden, 2 * mc.intermediate)  # the MLP's fused gate|up
     probes: dict[str, dict[str, list[float]]] = {"bf16": {}, "fp32": {}}
 
     def probe(when: str) -> None:

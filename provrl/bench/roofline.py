@@ -13,6 +13,7 @@ calls, the denominator a fraction should use. For one call of ``2·m·k·n`` FLO
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
@@ -31,11 +32,14 @@ def matmul_rates(
     min_s: float = 0.3,
     min_calls: int = 5,
     max_s: float = 3.0,
+    clock: Callable[[], float] = time.perf_counter,
 ) -> list[float]:
     """GFLOP/s of each timed ``[m, k] @ [k, n]`` call in ``dtype`` on this thread's torch
     threads: two warm-up calls, then calls until both ``min_s`` seconds and ``min_calls``
     calls are done, or ``max_s`` seconds are (at least one call: a dtype without a fast path
-    costs ~1 s a call on a CPU without bf16 units)."""
+    costs ~1 s a call on a CPU without bf16 units). Each call is timed by ``clock`` (wall
+    seconds; ``time.process_time`` gives the rate per CPU second of this process); the
+    span is always wall time."""
     a = torch.randn(m, k, device=device).to(dtype)
     b = torch.randn(k, n, device=device).to(dtype)
     sync = torch.cuda.synchronize if a.is_cuda else (lambda: None)
@@ -49,10 +53,10 @@ def matmul_rates(
     rates: list[float] = []
     start = time.perf_counter()
     while True:
-        t = time.perf_counter()
+        t = clock()
         a @ b
         sync()
-        rates.append(flop / (time.perf_counter() - t) / 1e9)
+        rates.append(flop / max(clock() - t, 1e-9) / 1e9)  # a coarse clock may read 0
         spent = time.perf_counter() - start
         if spent >= max_s or (spent >= min_s and len(rates) >= min_calls):
             return rates

@@ -26,3 +26,7 @@ def test_the_peak_is_the_quantile_and_not_below_the_median():
     r = roofline([float(x) for x in range(1, 11)])
     assert r == {"median": 5.5, "peak": pytest.approx(1 + 9 * PEAK_QUANTILE), "calls": 10}
     assert r["peak"] >= r["median"]
+
+
+def test_the_cpu_clock_times_calls_too():
+    assert all(r > 0 for r in matmul_rates(64, 64, 64, min_s=0.02, clock=time.process_time))
