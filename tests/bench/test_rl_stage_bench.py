@@ -1,0 +1,55 @@
+"""benchmarks/rl_stage.py (provrl/bench/rl_stage.py) end to end on the tiny model: every arm
+runs the RL stage once per repeat from the same shared warm start, with the repeat's seeds,
+and the JSON carries each run's figures, the per-arm medians and the wall ratios."""
+
+from __future__ import annotations
+
+import argparse
+import json
+
+import pytest
+
+from provrl.bench import rl_stage
+
+
+def test_parse_arm():
+    assert rl_stage.parse_arm("base=") == ("base", [])
+    assert rl_stage.parse_arm("lend=a.b=1,c=x") == ("lend", ["a.b=1", "c=x"])
+    for bad in ("base", "=a=1", "x=a.b"):
+        with pytest.raises(argparse.ArgumentTypeError):
+            rl_stage.parse_arm(bad)
+
+
+def test_summarise_ratios_against_the_first_arm():
+    def row(r, wall):
+        return {"repeat": r, "wall_s": wall, "trajectories_per_s": 1.0,
+                "generated_tokens_per_s": 2.0, "trainer_idle_frac": 0.5,
+                "engine_busy_frac": 0.9, "mixed_version_frac": 0.2,
+                "batch_accuracy_mean": None}  # fmt: skip
+
+    s = rl_stage.summarise({"a": [row(0, 10.0), row(1, 20.0)], "b": [row(0, 5.0), row(1, 12.0)]})
+    assert s["baseline"] == "a" and s["wall_ratio"] == {"a": 1.0, "b": round(8.5 / 15, 3)}
+    assert s["wall_ratio_per_repeat"]["b"] == [0.5, 0.6]
+    assert s["arms"]["b"]["batch_accuracy_mean"] is None  # no value: no median
+
+
+def test_tiny_arms_side_by_side(tmp_path):
+    # the default arms (base, lend) and the preset's shared stages built by the first call
+    first = rl_stage.main(["--steps", "1", "--repeats", "1", "--set", "pipeline.tasks.warmstart=4",
+                           "--out", str(tmp_path / "runs"), "--json"])  # fmt: skip
+    assert set(first["arms"]) == {"base", "lend"} and (tmp_path / "runs" / "shared" / "warmstart").is_dir()  # fmt: skip
+    argv = ["--preset", "quick", "--shared", str(tmp_path / "runs" / "shared"), "--steps", "1",
+            "--repeats", "2", "--arm", "base=", "--arm",
+            "lend=pipeline.loop.split_cores=true,pipeline.loop.lend_cores=true",
+            "--set", "pipeline.tasks.warmstart=4", "--out", str(tmp_path / "runs"),
+            "--results", str(tmp_path / "r.json"), "--json"]  # fmt: skip
+    r = rl_stage.main(argv)
+    assert json.loads((tmp_path / "r.json").read_text())["benchmark"] == "rl_stage"
+    assert r["arm_overrides"]["lend"] == ["pipeline.loop.split_cores=true", "pipeline.loop.lend_cores=true"]  # fmt: skip
+    assert r["wall_ratio"]["base"] == 1.0 and len(r["wall_ratio_per_repeat"]["lend"]) == 2
+    for arm in ("base", "lend"):
+        runs = r["arms"][arm]["runs"]
+        assert [x["repeat"] for x in runs] == [0, 1]
+        assert all(x["trajectories_trained"] == 8 for x in runs)  # 1 step x 2 groups x 4
+        assert all(x["wall_s"] > 0 and x["trajectories_per_s"] > 0 for x in runs)
+    assert (tmp_path / "runs" / "lend-r1" / "rl" / "steps.jsonl").exists()
