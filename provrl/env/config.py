@@ -99,6 +99,15 @@ class LatencyConfig(Section):
         1.5, gt=0, description="pareto: tail index α (smaller = heavier tail)."
     )
     max_s: float = Field(30.0, gt=0, description="Latencies are clipped to this many seconds.")
+    time_scale: float = Field(
+        1.0,
+        gt=0,
+        description="Every latency, its clip max_s included, times this: on an engine N times "
+        "slower than the deployment whose tool latency the model describes (a 2-core CPU "
+        "standing in for a GPU), N keeps the share of an episode spent waiting on tools; "
+        "scale env.agent.tool_timeout_s with it, or the dilated tail times out. 1 = the "
+        "seconds as given.",
+    )
     seed: int = Field(0, description="Seed of the latency sampler.")
 
     @model_validator(mode="before")

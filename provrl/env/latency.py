@@ -8,7 +8,8 @@ Log-normal body with median m and shape σ, optionally with a Pareto tail:
                 where q95 = m · exp(1.645·σ) is the body's 95th percentile
                 (P(L > x) ∝ x^(−α) beyond q95: α ≤ 2 has infinite variance)
 
-Every draw is clipped to ``max_s``. The distribution function of the mixture, below
+Every draw is clipped to ``max_s``; then the whole law is dilated by ``time_scale`` = s
+(L' = s·L, so F'(x) = F(x/s) and every quantile is s times its unscaled value). The distribution function of the mixture, below
 ``max_s`` (Φ the standard normal's; p = 0 for lognormal)::
 
     F(x) = (1 − p)·Φ(ln(x/m)/σ) + p·(1 − (q95/x)^α)·[x ≥ q95],    F(x) = 1 for x ≥ max_s
@@ -47,7 +48,7 @@ def draw(cfg: LatencyConfig, rng: np.random.Generator, n: int) -> np.ndarray:
         q95 = cfg.median_s * math.exp(Z95 * cfg.sigma)
         u = 1.0 - rng.random(n)  # (0, 1]
         out = np.where(tail, q95 * u ** (-1.0 / cfg.tail_alpha), out)
-    return np.minimum(out, cfg.max_s)
+    return np.minimum(out, cfg.max_s) * cfg.time_scale
 
 
 class LatencyModel:
@@ -68,6 +69,7 @@ def cdf(cfg: LatencyConfig, x: float) -> float:
     """P(L ≤ x) under ``cfg`` (the module docstring's F, clip at ``max_s`` included)."""
     if x < 0:
         return 0.0
+    x = x / cfg.time_scale
     if cfg.kind == "none" or x >= cfg.max_s:
         return 1.0
     if x == 0:
@@ -86,6 +88,8 @@ def quantile(cfg: LatencyConfig, q: float) -> float:
         raise ValueError(f"quantile: q={q} is not in (0, 1)")
     if cfg.kind == "none":
         return 0.0
+    if cfg.time_scale != 1.0:
+        return cfg.time_scale * quantile(cfg.model_copy(update={"time_scale": 1.0}), q)
     if cdf(cfg, math.nextafter(cfg.max_s, 0.0)) < q:
         return cfg.max_s
     lo = cfg.median_s * 1e-12

@@ -87,3 +87,18 @@ def test_a_preset_yields_to_fields_given_explicitly():
 def test_fit_refuses_an_impossible_target():
     with pytest.raises(ValueError):
         fit_lognormal_pareto(2.0, 1.0, 0.02, 1.5)
+
+
+def test_time_scale_dilates_the_whole_law():
+    """time_scale s: the same seeded draws times s (the clip too), F'(x) = F(x / s), and every
+    quantile s times the unscaled one — so a preset's shape survives the dilation."""
+    base = LatencyConfig(preset="web-ai", max_s=5.0, seed=3)  # type: ignore[call-arg]
+    slow = base.model_copy(update={"time_scale": 12.5})
+    a, b = LatencyModel(base).sample(1000), LatencyModel(slow).sample(1000)
+    np.testing.assert_allclose(b, 12.5 * a, rtol=1e-12)
+    assert b.max() <= 12.5 * base.max_s and b.max() > base.max_s
+    for q in (0.5, 0.95, 0.999):
+        assert quantile(slow, q) == pytest.approx(12.5 * quantile(base, q), rel=1e-9)
+    for x in (0.3, 1.0, 4.0):
+        assert cdf(slow, 12.5 * x) == pytest.approx(cdf(base, x), abs=1e-12)
+    assert LatencyConfig(preset="web-ai").time_scale == 1.0  # type: ignore[call-arg]
