@@ -175,6 +175,22 @@ def _link_shared(shared: Path, dest: Path) -> None:
             link.symlink_to((shared / stage).resolve(), target_is_directory=True)
 
 
+def second_world_seed(root: Path, given: int | None) -> int:
+    """The second world's generator seed, kept in ``root/world2_seed.json`` so that a resumed
+    benchmark evaluates every policy on the world its earlier runs used: the kept seed, else
+    ``given``, else one drawn now (and kept). A ``given`` seed that differs from the kept
+    one is refused in one line."""
+    path = root / "world2_seed.json"
+    if path.exists():
+        kept = int(json.loads(path.read_text())["world2_seed"])
+        if given is not None and given != kept:
+            raise ValueError(f"{path}: this benchmark's second world is seed {kept}, not {given}")
+        return kept
+    seed = given if given is not None else int(np.random.default_rng().integers(1_000, 1_000_000))
+    path.write_text(json.dumps({"world2_seed": seed}) + "\n")
+    return seed
+
+
 def run_learning_benchmark(
     preset: str = "default",
     seeds: int = 3,
@@ -187,7 +203,8 @@ def run_learning_benchmark(
     progress: Callable[[str], None] | None = None,
 ) -> dict[str, Any]:
     """The benchmark of the module docstring; resumable (each run resumes in its directory).
-    ``world2_seed``: the second world's generator seed (None: drawn, and recorded).
+    ``world2_seed``: the second world's generator seed (None: drawn, and recorded; a resumed
+    run keeps the first run's, :func:`second_world_seed`).
     ``shared_from``: a finished run of the same preset whose world, warm start, probe and filter
     are linked in instead of built (its warm start is still evaluated here, on test)."""
     say = progress or (lambda _m: None)
@@ -214,8 +231,7 @@ def run_learning_benchmark(
         root / "shared.log",
     )
     warm = _eval_summary(shared / "eval" / "warmstart")
-    if world2_seed is None:
-        world2_seed = int(np.random.default_rng().integers(1_000, 1_000_000))
+    world2_seed = second_world_seed(root, world2_seed)
     w2 = ["--set", f"env.world.seed={world2_seed}"]
     warm_w2 = None
     rows = []

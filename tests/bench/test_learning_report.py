@@ -151,3 +151,18 @@ def test_an_eval_summary_gives_the_calls_made_after_the_answer_per_tier(tmp_path
     assert tiers["1"]["calls_after_answer_solved"] == pytest.approx(0.5)  # the failure is out
     assert tiers["2"]["calls_after_answer_solved"] is None
     json.dumps(tiers, allow_nan=False)
+
+
+def test_a_resumed_benchmark_keeps_its_second_world(tmp_path):
+    """The second world's seed is drawn once and kept in the benchmark directory: a resume
+    (drawn or given the same seed) evaluates on the same world; another seed is refused."""
+    from provrl.bench.learning import second_world_seed
+
+    first = second_world_seed(tmp_path, None)
+    assert 1_000 <= first < 1_000_000
+    assert second_world_seed(tmp_path, None) == first == second_world_seed(tmp_path, first)
+    with pytest.raises(ValueError, match=r"world2_seed\.json"):
+        second_world_seed(tmp_path, first + 1)
+    other = tmp_path / "other"
+    other.mkdir()
+    assert second_world_seed(other, 77) == 77 == second_world_seed(other, None)
