@@ -34,13 +34,13 @@ def test_summarise_ratios_against_the_first_arm():
 
 
 def test_tiny_arms_side_by_side(tmp_path):
-    # the default arms (base, lend) and the preset's shared stages built by the first call
-    first = rl_stage.main(["--steps", "1", "--repeats", "1", "--set", "pipeline.tasks.warmstart=4",
-                           "--out", str(tmp_path / "runs"), "--json"])  # fmt: skip
-    assert set(first["arms"]) == {"base", "lend"} and (tmp_path / "runs" / "shared" / "warmstart").is_dir()  # fmt: skip
-    argv = ["--preset", "quick", "--shared", str(tmp_path / "runs" / "shared"), "--steps", "1",
-            "--repeats", "2", "--arm", "base=", "--arm",
-            "lend=pipeline.loop.split_cores=true,pipeline.loop.lend_cores=true",
+    # one arm, and the preset's shared stages built by this first call
+    first = rl_stage.main(["--steps", "1", "--repeats", "1", "--arm", "solo=",
+                           "--set", "pipeline.tasks.warmstart=4", "--out", str(tmp_path / "runs"),
+                           "--json"])  # fmt: skip
+    assert set(first["arms"]) == {"solo"} and (tmp_path / "runs" / "shared" / "warmstart").is_dir()  # fmt: skip
+    # then from them (--shared), the default arms: base, and lend (split_cores + lend_cores)
+    argv = ["--shared", str(tmp_path / "runs" / "shared"), "--steps", "1", "--repeats", "2",
             "--set", "pipeline.tasks.warmstart=4", "--out", str(tmp_path / "runs"),
             "--results", str(tmp_path / "r.json"), "--json"]  # fmt: skip
     r = rl_stage.main(argv)
