@@ -145,7 +145,10 @@ def tools_identity(backend: SearchBackend, search: SearchConfig, agent: AgentCon
         "snippet_words": search.snippet_words,
         "open_words": search.open_words,
         "title_weight": search.title_weight,
-        "latency": search.latency.model_dump(),
+        # time_scale named only when it dilates (its default's absence keeps earlier fingerprints)
+        "latency": search.latency.model_dump(
+            exclude={"time_scale"} if search.latency.time_scale == 1.0 else None
+        ),
         "protocol": agent.protocol,
         "max_observation_tokens": agent.max_observation_tokens,
         "tool_timeout_s": agent.tool_timeout_s,

@@ -387,3 +387,16 @@ def test_calls_after_answer_counts_from_the_first_result_that_holds_an_answer():
     assert calls_after_answer(["harbor town", "harbor town"], answers) == 1  # seen at once
     assert calls_after_answer(["Harbor Towns"], answers) == 0  # whole words only
     assert calls_after_answer([None, "nothing"], answers) == 0  # never shown: all were needed
+
+
+def test_a_default_time_scale_keeps_the_tools_fingerprint(small_search):
+    """env.search.latency.time_scale came after runs were probed: at its default (1) it is not
+    in the tools identity, so those runs' pools stay fresh; a dilation is named and changes it."""
+    a = AgentConfig()
+    plain = tools_identity(small_search, SearchConfig(), a)
+    assert "time_scale" not in plain.config["latency"]
+    slow = SearchConfig()
+    slow.latency.time_scale = 13.0
+    dilated = tools_identity(small_search, slow, a)
+    assert dilated.config["latency"]["time_scale"] == 13.0
+    assert dilated.fingerprint != plain.fingerprint
