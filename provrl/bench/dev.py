@@ -38,6 +38,7 @@ from provrl.bench.learning import (
     compare,
     eval_args,
     repeated_call,
+    time_split,
 )
 from provrl.config import load_yaml
 from provrl.env.oracle import stated_plan
@@ -115,6 +116,7 @@ def rl_summary(rl_dir: Path) -> dict[str, Any]:
         "kv_stale_share_mean": mean("kv_stale_share"),
         "per_step": [{k: r[k] for k in STEP_KEYS if k in r} for r in recs],
         "by_version": tier_blocks(rl_dir / "trajectories.jsonl"),
+        "time": time_split(rl_dir),
     }
 
 

@@ -299,6 +299,29 @@ def seed_row(
         "test_tasks": main["tasks"],
         "wall_s": None,
         "peak_rss_gb": None,
+        "rl_time": time_split(seed_dir / "rl"),
+    }
+
+
+def time_split(rl_dir: Path) -> dict[str, Any]:
+    """Where the RL stage's time went (``RUN/rl/done.json``; ``{}`` before it exists): wall
+    and trainer-busy seconds over every session, the trainer's idle share, and for the last
+    session the engine's busy share, generated tokens per second and mean batch occupancy,
+    and the torch threads of engine and trainer."""
+    done = rl_dir / "done.json"
+    if not done.is_file():
+        return {}
+    d = json.loads(done.read_text())
+    col = d.get("collector", {})
+    return {
+        "wall_s": d.get("wall_s"),
+        "trainer_busy_s": d.get("trainer_busy_s"),
+        "trainer_idle_frac": d.get("trainer_idle_frac"),
+        "session_wall_s": d.get("session_wall_s"),
+        "engine_busy_frac": d.get("engine_busy_frac"),
+        "generated_tokens_per_s": col.get("tokens_per_s"),
+        "mean_batch_occupancy": col.get("mean_batch_occupancy"),
+        "threads": d.get("threads", {}),
     }
 
 

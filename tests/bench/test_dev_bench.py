@@ -66,6 +66,14 @@ def test_rl_summary_counts_trained_trajectories_not_steps(tmp_path):
     assert s["distinct_share_mean"] == pytest.approx(0.75)
     assert math.isnan(s["kv_stale_share_mean"])
     assert [r["step"] for r in s["per_step"]] == [1, 2]
+    assert s["time"] == {}  # no rl/done.json yet
+    (tmp_path / "rl" / "done.json").write_text(json.dumps({
+        "wall_s": 100.0, "trainer_busy_s": 60.0, "trainer_idle_frac": 0.4, "session_wall_s": 40.0,
+        "engine_busy_frac": 0.55, "threads": {"engine": 1, "trainer": 1, "lent": 0},
+        "collector": {"tokens_per_s": 24.8, "mean_batch_occupancy": 19.9}}))  # fmt: skip
+    t = rl_summary(tmp_path / "rl")["time"]
+    assert t["trainer_idle_frac"] == 0.4 and t["engine_busy_frac"] == 0.55
+    assert t["generated_tokens_per_s"] == 24.8 and t["threads"]["engine"] == 1
 
 
 def test_summarize_run_pairs_the_two_policies_on_the_same_tasks(tmp_path):
