@@ -32,25 +32,85 @@ from typing import Any
 import numpy as np
 from scipy import stats
 
+from provrl.config import load_config
 from provrl.pipeline.stages import paired_difference
 from provrl.pipeline.steplog import read_steps
 from provrl.rollout.agent import repeat_count
+from provrl.run_config.run import RunConfig
 from provrl.trajlog import read_all
 
 SHARED_STAGES = ("world", "warmstart", "probe", "filter")
 
 
-def _run(args: Sequence[str], log: Path) -> dict[str, float]:
-    """Run ``python -m provrl.cli *args`` to completion; its wall time and peak RSS (GiB)."""
+Watch = Callable[[], tuple[str, int, int | None]]
+"""What a running subprocess has done: ``(what, done, total)`` (total None: unknown)."""
+
+
+def _lines(path: Path) -> int:
+    """Complete lines of a JSONL file that may be growing (0 if it does not exist yet)."""
+    try:
+        with open(path, "rb") as f:
+            return sum(1 for line in f if line.endswith(b"\n"))
+    except FileNotFoundError:
+        return 0
+
+
+def watch_run(run_dir: Path, steps: int, eval_episodes: int | None) -> Watch:
+    """A ``provrl run`` of RL then eval in ``run_dir``: its RL steps (``rl/steps.jsonl``)
+    until they are all done, then its evaluation episodes (every policy's under ``eval/``)."""
+
+    def now() -> tuple[str, int, int | None]:
+        done = _lines(run_dir / "rl" / "steps.jsonl")
+        if done < steps or not (run_dir / "eval").is_dir():
+            return "rl steps", done, steps
+        ev = sum(_lines(p) for p in (run_dir / "eval").glob("*/trajectories.jsonl"))
+        return "eval episodes", ev, eval_episodes
+
+    return now
+
+
+def watch_eval(run_dir: Path, episodes: int | None) -> Watch:
+    """A ``provrl eval`` into ``run_dir``: its episodes so far."""
+    return lambda: ("eval episodes", _lines(run_dir / "trajectories.jsonl"), episodes)
+
+
+def _run(
+    args: Sequence[str], log: Path, watch: Watch | None = None, label: str = ""
+) -> dict[str, float]:
+    """Run ``python -m provrl.cli *args`` to completion; its wall time and peak RSS (GiB).
+    ``watch``: a progress bar (tqdm, on stderr) over what the run has done, polled every few
+    seconds; its output goes to ``log`` as before."""
     t0 = time.perf_counter()
+    bar = None
+    if watch is not None:
+        from tqdm import tqdm
+
+        bar = tqdm(desc=label, dynamic_ncols=True, mininterval=10)
     with open(log, "ab") as f:
         proc = subprocess.Popen([sys.executable, "-m", "provrl.cli", *args], stdout=f, stderr=f)
-        _, status, usage = os.wait4(proc.pid, 0)
+        while True:
+            pid, status, usage = os.wait4(proc.pid, os.WNOHANG if bar is not None else 0)
+            if pid:
+                break
+            if bar is not None and watch is not None:
+                what, done, total = watch()
+                if bar.desc != f"{label}: {what}":
+                    bar.reset(total=total)
+                    bar.set_description(f"{label}: {what}")
+                bar.total, bar.n = total, done
+                bar.refresh()
+            time.sleep(POLL_S)
+    if bar is not None:
+        bar.close()
     proc.returncode = os.waitstatus_to_exitcode(status)
     if proc.returncode != 0:
         tail = log.read_text(errors="replace").strip().splitlines()[-5:]
         raise RuntimeError(f"{' '.join(args[:2])} failed ({proc.returncode}): {tail}")
     return {"wall_s": time.perf_counter() - t0, "peak_rss_gb": usage.ru_maxrss / 2**20}
+
+
+POLL_S = 5.0
+"""Seconds between two looks at a watched subprocess."""
 
 
 def _eval_summary(eval_dir: Path) -> dict[str, Any]:
@@ -208,8 +268,10 @@ def run_learning_benchmark(
     ``shared_from``: a finished run of the same preset whose world, warm start, probe and filter
     are linked in instead of built (its warm start is still evaluated here, on test)."""
     say = progress or (lambda _m: None)
+    bars = progress is not None  # a bar per subprocess where stage lines are shown
     root = Path(out).resolve()
     root.mkdir(parents=True, exist_ok=True)
+    steps = load_config(RunConfig, preset, list(overrides)).pipeline.loop.steps
     common = ["--preset", preset, "--no-progress", *[a for o in overrides for a in ("--set", o)]]
     common += ["--set", "pipeline.tasks.eval=0", "--set", f"pipeline.eval.k={eval_k}"]
     source = Path(shared_from).resolve() if shared_from is not None else None
@@ -229,8 +291,11 @@ def run_learning_benchmark(
             "pipeline.eval.policies=[warmstart]",
         ],
         root / "shared.log",
+        watch_run(shared, 0, None) if bars else None,
+        "shared",
     )
     warm = _eval_summary(shared / "eval" / "warmstart")
+    test_episodes = len(warm["task_accuracy"]) * eval_k
     world2_seed = second_world_seed(root, world2_seed)
     w2 = ["--set", f"env.world.seed={world2_seed}"]
     warm_w2 = None
@@ -253,15 +318,21 @@ def run_learning_benchmark(
                 "pipeline.eval.policies=[rl]",
             ],
             root / f"seed-{s}.log",
+            watch_run(d, steps, test_episodes) if bars else None,
+            f"seed {s}",
         )
         rl_ckpt = json.loads((d / "rl" / "done.json").read_text())["checkpoint"]
         rl_eval = _eval_summary(d / "eval" / "rl")
         say(f"seed {s}: second world (generator seed {world2_seed})")
         ev2 = eval_args(d, "test", n=0, k=eval_k, extra=w2)
         if warm_w2 is None:
-            _run([*ev2, "--policy", str(shared / "warmstart" / "ckpt"), "--run-dir", str(root / "world2-warmstart")], root / "world2.log")  # fmt: skip
+            w2_warm = root / "world2-warmstart"
+            _run([*ev2, "--policy", str(shared / "warmstart" / "ckpt"), "--run-dir", str(w2_warm)],
+                 root / "world2.log", watch_eval(w2_warm, None) if bars else None, "world 2: warm start")  # fmt: skip
             warm_w2 = _eval_summary(root / "world2-warmstart")
-        w2_run = _run([*ev2, "--policy", rl_ckpt, "--run-dir", str(d / "world2-rl")], root / "world2.log")  # fmt: skip
+        w2_episodes = len(warm_w2["task_accuracy"]) * eval_k
+        w2_run = _run([*ev2, "--policy", rl_ckpt, "--run-dir", str(d / "world2-rl")], root / "world2.log",
+                      watch_eval(d / "world2-rl", w2_episodes) if bars else None, f"seed {s}: world 2")  # fmt: skip
         rows.append(seed_row(d, s, warm, rl_eval, warm_w2, _eval_summary(d / "world2-rl")))
         rows[-1].update(wall_s=run["wall_s"] + w2_run["wall_s"], peak_rss_gb=run["peak_rss_gb"])
     return aggregate(rows, preset=preset, overrides=overrides, eval_k=eval_k,

@@ -166,3 +166,24 @@ def test_a_resumed_benchmark_keeps_its_second_world(tmp_path):
     other = tmp_path / "other"
     other.mkdir()
     assert second_world_seed(other, 77) == 77 == second_world_seed(other, None)
+
+
+def test_the_watches_count_what_a_run_has_done(tmp_path):
+    """The benchmark's progress bars: RL steps until all are done, then eval episodes; a
+    partial last line (a record being written) is not counted."""
+    from provrl.bench.learning import _run, watch_eval, watch_run
+
+    d = tmp_path / "seed-0"
+    w = watch_run(d, steps=3, eval_episodes=8)
+    assert w() == ("rl steps", 0, 3)
+    (d / "rl").mkdir(parents=True)
+    (d / "rl" / "steps.jsonl").write_text('{"step": 1}\n{"step": 2}\n{"step": 3')
+    assert w() == ("rl steps", 2, 3)
+    (d / "rl" / "steps.jsonl").write_text('{"step": 1}\n{"step": 2}\n{"step": 3}\n')
+    (d / "eval" / "rl").mkdir(parents=True)
+    (d / "eval" / "rl" / "trajectories.jsonl").write_text("{}\n" * 5)
+    assert w() == ("eval episodes", 5, 8)
+    assert watch_eval(d / "eval" / "rl", None)() == ("eval episodes", 5, None)
+    # a watched subprocess still returns its wall time and peak RSS
+    out = _run(["--help"], tmp_path / "help.log", w, "help")
+    assert out["wall_s"] > 0 and out["peak_rss_gb"] > 0
