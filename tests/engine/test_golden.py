@@ -30,7 +30,9 @@ token across a boundary); its top 5-20 logits are ~1e-3 apart and their bins ~0.
 def sample_all(make_engine, tiny) -> dict[str, list[dict[str, list]]]:
     """Every case: 6 prompts submitted together (sharing the chat template's prefix), 16
     tokens each, request i seeded with i."""
-    eng = make_engine(max_seqs=8, max_context=256, eos_stops=False, prefill_chunk=16)
+    eng = make_engine(
+        max_seqs=8, max_context=256, eos_stops=False, prefill_chunk=16, dtype="float32"
+    )
     prompts = bench_prompts(tiny.tokenizer, 6)
     out: dict[str, list[dict[str, list]]] = {}
     for name, p in CASES.items():
