@@ -161,8 +161,9 @@ def search_backend(world_dir: str | os.PathLike[str] | None, cfg: EnvConfig) -> 
             snippet_words=cfg.search.snippet_words,
             open_words=cfg.search.open_words,
         )
-    if cfg.search.latency.kind != "none":
-        backend = WithLatency(backend, LatencyModel(cfg.search.latency), cfg.agent.tool_timeout_s)
+    if cfg.search.latency.kind != "none":  # the simulated deadline dilates with the latency
+        lat = cfg.search.latency
+        backend = WithLatency(backend, LatencyModel(lat), cfg.agent.tool_timeout_s * lat.time_scale)
     return backend
 
 

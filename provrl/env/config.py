@@ -104,8 +104,8 @@ class LatencyConfig(Section):
         gt=0,
         description="Every latency, its clip max_s included, times this: on an engine N times "
         "slower than the deployment whose tool latency the model describes (a 2-core CPU "
-        "standing in for a GPU), N keeps the share of an episode spent waiting on tools; "
-        "scale env.agent.tool_timeout_s with it, or the dilated tail times out. 1 = the "
+        "standing in for a GPU), N keeps the share of an episode spent waiting on tools. The "
+        "simulated call's deadline, env.agent.tool_timeout_s, dilates with it. 1 = the "
         "seconds as given.",
     )
     seed: int = Field(0, description="Seed of the latency sampler.")

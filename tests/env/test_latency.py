@@ -102,3 +102,16 @@ def test_time_scale_dilates_the_whole_law():
     for x in (0.3, 1.0, 4.0):
         assert cdf(slow, 12.5 * x) == pytest.approx(cdf(base, x), abs=1e-12)
     assert LatencyConfig(preset="web-ai").time_scale == 1.0  # type: ignore[call-arg]
+
+
+def test_the_simulated_deadline_dilates_with_the_latency(small_world):
+    """With time_scale N the wrapped backend's deadline is N × env.agent.tool_timeout_s: a
+    dilated web search times out exactly where the undilated one would."""
+    from provrl.env.build import search_backend
+    from provrl.env.config import EnvConfig
+
+    cfg = EnvConfig()
+    cfg.search.latency = LatencyConfig(preset="web-ai", time_scale=13.0)  # type: ignore[call-arg]
+    assert search_backend(small_world, cfg).timeout_s == 13.0 * cfg.agent.tool_timeout_s  # type: ignore[attr-defined]
+    cfg.search.latency = LatencyConfig(preset="web-ai")  # type: ignore[call-arg]
+    assert search_backend(small_world, cfg).timeout_s == cfg.agent.tool_timeout_s  # type: ignore[attr-defined]
