@@ -32,7 +32,9 @@ averaged over seeds, paired sync / async on the same tasks; TOST at ±``--margin
 Latency: ``--latency-preset`` (default ``web-ai``; ``''`` = the preset file's
 ``env.search.latency`` as it is) sets ``env.search.latency.preset``; ``--latency`` and
 ``--median-latency`` override its kind and median when given. Each seed draws its own
-latencies (``env.search.latency.seed``); evaluation runs without latency.
+latencies (``env.search.latency.seed``); evaluation runs without latency. On a CPU that
+generates a turn far slower than the deployment the preset describes, dilate the latency (and
+the call's deadline) by that factor: ``--set env.search.latency.time_scale=N`` (docs/env.md §3).
 
     python benchmarks/async_vs_sync.py --json                      # tiny model, quick preset
     python benchmarks/async_vs_sync.py --preset default --seeds 3 --steps 6 \\
