@@ -85,7 +85,8 @@ def _run(
     if watch is not None:
         from tqdm import tqdm
 
-        bar = tqdm(desc=label, dynamic_ncols=True, mininterval=10)
+        bar = tqdm(desc=label, dynamic_ncols=True, mininterval=REFRESH_S)
+    shown, last_n, last_t = None, -1, 0.0  # what the bar counts now; when it last printed
     with open(log, "ab") as f:
         proc = subprocess.Popen([sys.executable, "-m", "provrl.cli", *args], stdout=f, stderr=f)
         while True:
@@ -94,11 +95,16 @@ def _run(
                 break
             if bar is not None and watch is not None:
                 what, done, total = watch()
-                if bar.desc != f"{label}: {what}":
+                if what != shown:  # a new count: its rate and ETA start from what is done
                     bar.reset(total=total)
-                    bar.set_description(f"{label}: {what}")
+                    bar.set_description(f"{label}: {what}", refresh=False)
+                    bar.initial = done
+                    shown = what
                 bar.total, bar.n = total, done
-                bar.refresh()
+                now = time.perf_counter()
+                if now - last_t >= (REFRESH_S if done != last_n else 6 * REFRESH_S):
+                    bar.refresh()  # a log file gets a line per change, at most every REFRESH_S
+                    last_n, last_t = done, now
             time.sleep(POLL_S)
     if bar is not None:
         bar.close()
@@ -111,6 +117,9 @@ def _run(
 
 POLL_S = 5.0
 """Seconds between two looks at a watched subprocess."""
+REFRESH_S = 10.0
+"""Least seconds between two prints of its bar while its count moves (six times that while
+it does not)."""
 
 
 def _eval_summary(eval_dir: Path) -> dict[str, Any]:
