@@ -12,7 +12,8 @@
   copied: the loop prunes older checkpoints, the links keep them), to evaluate afterwards;
   the optimizer state is not kept.
 
-:func:`evaluate_policy` scores one policy on the dev split (accuracy, mean reward, per task)
+:func:`rl_from_shared` runs one measured RL stage from a copy of a shared warm start (the
+benchmarks' loop body). :func:`evaluate_policy` scores one policy on the dev split (accuracy, mean reward, per task)
 with the tool latency off and a fixed sampling seed, so two checkpoints are compared on
 the same tasks with the same random numbers. :func:`episode_inputs` reads from a stage's
 trajectory log what the simulator (:mod:`provrl.bench.simulate`) takes as its workload:
@@ -35,6 +36,7 @@ from provrl.env.tasks import Task
 from provrl.pipeline.rl_loop import RLLoop
 from provrl.pipeline.run import run_pipeline
 from provrl.pipeline.rundir import RunDir
+from provrl.pipeline.stages import load_pool
 from provrl.pipeline.steplog import read_steps
 from provrl.rollout.evaluate import evaluate
 from provrl.run_config.run import RunConfig
@@ -178,6 +180,26 @@ def run_measured(
     m.engine = {k: float(stats[k]) for k in ENGINE_COUNTERS if k in stats}
     m.steps = read_steps(run.root)
     return m
+
+
+def rl_from_shared(
+    shared: SharedStart,
+    preset: str,
+    sets: Sequence[str],
+    d: Path,
+    *,
+    keep_dir: Path | None = None,
+    keep: Container[int] | None = None,
+) -> tuple[RunConfig, Measured]:
+    """One measured RL stage of ``preset`` + ``sets`` in ``d``, a fresh copy of the shared
+    start, trained on the filter's ``pipeline.rl_pools`` (:func:`run_measured`; ``keep_dir``,
+    ``keep`` as there): the config it ran and what it measured."""
+    run = fresh_copy(shared, d)
+    cfg = load_config(RunConfig, preset, list(sets))
+    pool = [t for p in cfg.pipeline.rl_pools for t in load_pool(run, p)]
+    return cfg, run_measured(
+        cfg, run, shared.world, pool, shared.start, keep_dir=keep_dir, keep=keep
+    )
 
 
 def evaluate_policy(

@@ -54,15 +54,12 @@ from provrl.bench.agent_runs import (
     Measured,
     episode_inputs,
     evaluate_policy,
-    fresh_copy,
-    run_measured,
+    rl_from_shared,
     shared_start,
 )
 from provrl.bench.results import write_script_result
 from provrl.bench.sim_check import check_against_simulator
 from provrl.bench.stats import equivalence_report
-from provrl.config import load_config
-from provrl.pipeline.stages import load_pool
 from provrl.run_config.run import RunConfig
 from provrl.trajlog import read_all
 
@@ -210,15 +207,12 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     for seed in range(args.seeds):
         for mode in MODES:  # interleaved, so machine load hits both alike
             d = args.out / f"{mode}-s{seed}"
-            run = fresh_copy(shared, d)
             lat = latency_sets(args.latency_preset, args.latency, args.median_latency, seed)
-            cfg = load_config(RunConfig, args.preset,
-                              [*sets, f"pipeline.loop.mode={mode}", f"seed={seed}", *lat])  # fmt: skip
-            cfgs[mode] = cfg
-            pool = [t for p in cfg.pipeline.rl_pools for t in load_pool(run, p)]
             every = args.curve_every
             versions = {v for v in range(1, args.steps + 1) if every and (v % every == 0 or v == args.steps)}  # fmt: skip
-            m = run_measured(cfg, run, world, pool, start, keep_dir=d / "kept", keep=versions)
+            cfg, m = rl_from_shared(shared, args.preset, [*sets, f"pipeline.loop.mode={mode}", f"seed={seed}", *lat],
+                                    d, keep_dir=d / "kept", keep=versions)  # fmt: skip
+            cfgs[mode] = cfg
             s = m.summary
             ev = evaluate_policy(s["checkpoint"], world, cfg, d / "dev-eval",
                                  n=args.dev_tasks, k=args.dev_k)  # fmt: skip

@@ -30,11 +30,8 @@ import statistics
 from pathlib import Path
 from typing import Any
 
-from provrl.bench.agent_runs import fresh_copy, run_measured, shared_start
+from provrl.bench.agent_runs import rl_from_shared, shared_start
 from provrl.bench.results import write_script_result
-from provrl.config import load_config
-from provrl.pipeline.stages import load_pool
-from provrl.run_config.run import RunConfig
 
 DEFAULT_ARMS = ("base=", "lend=pipeline.loop.split_cores=true,pipeline.loop.lend_cores=true")
 """The arms without ``--arm``: the preset, and the engine lent the learner's core while it
@@ -126,12 +123,9 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     for r in range(args.repeats):
         order = args.arms if r % 2 == 0 else list(reversed(args.arms))
         for name, arm_sets in order:
-            run = fresh_copy(shared, args.out / f"{name}-r{r}")
             arm = [*sets, *arm_sets, f"pipeline.loop.seed={r}", f"rl.seed={r}"]
             configs[name] = arm_sets
-            cfg = load_config(RunConfig, args.preset, arm)
-            pool = [t for p in cfg.pipeline.rl_pools for t in load_pool(run, p)]
-            m = run_measured(cfg, run, shared.world, pool, shared.start)
+            _, m = rl_from_shared(shared, args.preset, arm, args.out / f"{name}-r{r}")
             rows[name].append(run_row(m.summary, m.steps, r))
             print(json.dumps({"arm": name, **rows[name][-1]}), flush=True)
     result = {

@@ -41,12 +41,9 @@ from typing import Any
 
 import numpy as np
 
-from provrl.bench.agent_runs import evaluate_policy, fresh_copy, run_measured, shared_start
+from provrl.bench.agent_runs import evaluate_policy, rl_from_shared, shared_start
 from provrl.bench.async_vs_sync import latency_sets
 from provrl.bench.results import write_script_result
-from provrl.config import load_config
-from provrl.pipeline.stages import load_pool
-from provrl.run_config.run import RunConfig
 
 OPTIMIZERS = {"trpo": "trpo", "grpo": "adamw"}
 """Benchmark name → ``rl.optimizer``."""
@@ -162,13 +159,10 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
             runs = []
             for seed in range(args.seeds):
                 d = args.out / f"{opt}-L{lag}-s{seed}"
-                run = fresh_copy(shared, d)
-                cfg = load_config(RunConfig, args.preset, [
+                cfg, m = rl_from_shared(shared, args.preset, [
                     *sets, "pipeline.loop.mode=async", f"pipeline.loop.max_lag={lag}",
                     f"rl.optimizer={OPTIMIZERS[opt]}", f"seed={seed}",
-                    *latency_sets(args.latency_preset, None, None, seed)])  # fmt: skip
-                pool = [t for p in cfg.pipeline.rl_pools for t in load_pool(run, p)]
-                m = run_measured(cfg, run, shared.world, pool, shared.start, keep_dir=d / "kept")
+                    *latency_sets(args.latency_preset, None, None, seed)], d, keep_dir=d / "kept")  # fmt: skip
                 fresh = {0: ev0}
                 for v, path in sorted(m.checkpoints.items()):
                     fresh[v] = evaluate_policy(str(path), shared.world, cfg, d / f"fresh-v{v}", n=n, k=k)  # fmt: skip
