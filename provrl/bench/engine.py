@@ -94,13 +94,11 @@ def median(xs: Sequence[float]) -> float:
 
 def matmul_gflops(n: int = 2048, device: str = "cpu") -> tuple[float, float]:
     """Measured fp32 GFLOP/s of an n×n×n matmul, per wall second and per CPU second of
-    this process (the median call of :func:`provrl.bench.roofline.matmul_rates` under
-    each clock)."""
-    from provrl.bench.roofline import matmul_rates, roofline
+    this process (medians over the same calls, :func:`provrl.bench.roofline.matmul_call_seconds`)."""
+    from provrl.bench.roofline import gflops, matmul_call_seconds
 
-    wall = roofline(matmul_rates(n, n, n, device=device))["median"]
-    cpu = roofline(matmul_rates(n, n, n, device=device, clock=time.process_time))["median"]
-    return wall, cpu
+    flop, calls = matmul_call_seconds(n, n, n, device=device, clock=time.process_time)
+    return median([gflops(flop, w) for w, _ in calls]), median([gflops(flop, c) for _, c in calls])
 
 
 @torch.no_grad()

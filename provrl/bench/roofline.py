@@ -23,6 +23,49 @@ PEAK_QUANTILE = 0.9
 """The quantile of the per-call rates reported as the device's peak."""
 
 
+def matmul_call_seconds(
+    m: int,
+    k: int,
+    n: int,
+    dtype: torch.dtype = torch.float32,
+    device: str = "cpu",
+    min_s: float = 0.3,
+    min_calls: int = 5,
+    max_s: float = 3.0,
+    clock: Callable[[], float] = time.perf_counter,
+) -> tuple[float, list[tuple[float, float]]]:
+    """``(FLOPs of one call, [(wall seconds, clock seconds) of each timed call])`` of
+    ``[m, k] @ [k, n]`` in ``dtype`` on this thread's torch threads: two warm-up calls, then
+    calls until both ``min_s`` wall seconds and ``min_calls`` calls are done, or ``max_s``
+    seconds are (at least one call: a dtype without a fast path costs ~1 s a call on a CPU
+    without bf16 units). ``clock`` times each call a second way (``time.process_time``: the
+    CPU seconds of this process)."""
+    a = torch.randn(m, k, device=device).to(dtype)
+    b = torch.randn(k, n, device=device).to(dtype)
+    sync = torch.cuda.synchronize if a.is_cuda else (lambda: None)
+    start = time.perf_counter()
+    for _ in range(2):
+        a @ b
+        sync()
+        if time.perf_counter() - start > max_s:  # a slow path: one warm-up is enough
+            break
+    calls: list[tuple[float, float]] = []
+    start = time.perf_counter()
+    while True:
+        t, c = time.perf_counter(), clock()
+        a @ b
+        sync()
+        calls.append((time.perf_counter() - t, clock() - c))
+        spent = time.perf_counter() - start
+        if spent >= max_s or (spent >= min_s and len(calls) >= min_calls):
+            return 2.0 * m * k * n, calls
+
+
+def gflops(flop: float, seconds: float) -> float:
+    """GFLOP/s of ``flop`` in ``seconds`` (a coarse clock may read 0: floored at 1 ns)."""
+    return flop / max(seconds, 1e-9) / 1e9
+
+
 def matmul_rates(
     m: int,
     k: int,
@@ -34,32 +77,11 @@ def matmul_rates(
     max_s: float = 3.0,
     clock: Callable[[], float] = time.perf_counter,
 ) -> list[float]:
-    """GFLOP/s of each timed ``[m, k] @ [k, n]`` call in ``dtype`` on this thread's torch
-    threads: two warm-up calls, then calls until both ``min_s`` seconds and ``min_calls``
-    calls are done, or ``max_s`` seconds are (at least one call: a dtype without a fast path
-    costs ~1 s a call on a CPU without bf16 units). Each call is timed by ``clock`` (wall
-    seconds; ``time.process_time`` gives the rate per CPU second of this process); the
-    span is always wall time."""
-    a = torch.randn(m, k, device=device).to(dtype)
-    b = torch.randn(k, n, device=device).to(dtype)
-    sync = torch.cuda.synchronize if a.is_cuda else (lambda: None)
-    start = time.perf_counter()
-    for _ in range(2):
-        a @ b
-        sync()
-        if time.perf_counter() - start > max_s:  # a slow path: one warm-up is enough
-            break
-    flop = 2.0 * m * k * n
-    rates: list[float] = []
-    start = time.perf_counter()
-    while True:
-        t = clock()
-        a @ b
-        sync()
-        rates.append(flop / max(clock() - t, 1e-9) / 1e9)  # a coarse clock may read 0
-        spent = time.perf_counter() - start
-        if spent >= max_s or (spent >= min_s and len(rates) >= min_calls):
-            return rates
+    """GFLOP/s of each timed call of :func:`matmul_call_seconds` (same arguments), by
+    ``clock`` (wall seconds; ``time.process_time`` gives the rate per CPU second of this
+    process); the span is always wall time."""
+    flop, calls = matmul_call_seconds(m, k, n, dtype, device, min_s, min_calls, max_s, clock)
+    return [gflops(flop, c) for _, c in calls]
 
 
 def roofline(rates: list[float]) -> dict[str, Any]:
