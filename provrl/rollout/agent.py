@@ -34,6 +34,8 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from pydantic import BaseModel
+
 from provrl.engine.api import Engine, EngineError, TurnOutput
 from provrl.env.config import AgentConfig, SearchConfig
 from provrl.env.oracle import OracleResult
@@ -136,6 +138,19 @@ def prompt_ids(
     )
 
 
+LATENCY_ADDED = ("time_scale",)
+"""``env.search.latency`` fields added after tool fingerprints were first recorded."""
+
+
+def dump_since(section: BaseModel, added: Sequence[str]) -> dict[str, Any]:
+    """``section`` as a dict for an identity, without the ``added`` fields that are at their
+    default: a field added later leaves every earlier fingerprint as it was until it is set."""
+    fields = type(section).model_fields
+    return section.model_dump(
+        exclude={f for f in added if getattr(section, f) == fields[f].default}
+    )
+
+
 def tools_identity(backend: SearchBackend, search: SearchConfig, agent: AgentConfig) -> Identity:
     """Identity of the tool configuration: index fingerprint + every setting that changes
     what the model sees."""
@@ -145,10 +160,7 @@ def tools_identity(backend: SearchBackend, search: SearchConfig, agent: AgentCon
         "snippet_words": search.snippet_words,
         "open_words": search.open_words,
         "title_weight": search.title_weight,
-        # time_scale named only when it dilates (its default's absence keeps earlier fingerprints)
-        "latency": search.latency.model_dump(
-            exclude={"time_scale"} if search.latency.time_scale == 1.0 else None
-        ),
+        "latency": dump_since(search.latency, LATENCY_ADDED),
         "protocol": agent.protocol,
         "max_observation_tokens": agent.max_observation_tokens,
         "tool_timeout_s": agent.tool_timeout_s,
