@@ -86,7 +86,7 @@ def _run(
         from tqdm import tqdm
 
         bar = tqdm(desc=label, dynamic_ncols=True, mininterval=REFRESH_S)
-    shown, last_n, last_t = None, -1, 0.0  # what the bar counts now; when it last printed
+    shown = None  # what the bar counts now (RL steps, then eval episodes)
     with open(log, "ab") as f:
         proc = subprocess.Popen([sys.executable, "-m", "provrl.cli", *args], stdout=f, stderr=f)
         while True:
@@ -98,13 +98,10 @@ def _run(
                 if what != shown:  # a new count: its rate and ETA start from what is done
                     bar.reset(total=total)
                     bar.set_description(f"{label}: {what}", refresh=False)
-                    bar.initial = done
+                    bar.initial = bar.n = done
                     shown = what
-                bar.total, bar.n = total, done
-                now = time.perf_counter()
-                if now - last_t >= (REFRESH_S if done != last_n else 6 * REFRESH_S):
-                    bar.refresh()  # a log file gets a line per change, at most every REFRESH_S
-                    last_n, last_t = done, now
+                bar.total = total
+                bar.update(done - bar.n)  # tqdm prints at most every REFRESH_S
             time.sleep(POLL_S)
     if bar is not None:
         bar.close()
@@ -118,8 +115,7 @@ def _run(
 POLL_S = 5.0
 """Seconds between two looks at a watched subprocess."""
 REFRESH_S = 10.0
-"""Least seconds between two prints of its bar while its count moves (six times that while
-it does not)."""
+"""Least seconds between two prints of its bar (a log file gets a line per change at most)."""
 
 
 def _eval_summary(eval_dir: Path) -> dict[str, Any]:
