@@ -119,12 +119,10 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     shared = shared_start(args.preset, sets, args.shared or args.out / "shared",
                           reuse=args.shared is not None)  # fmt: skip
     rows: dict[str, list[dict[str, Any]]] = {a: [] for a, _ in args.arms}
-    configs: dict[str, list[str]] = {}
     for r in range(args.repeats):
         order = args.arms if r % 2 == 0 else list(reversed(args.arms))
         for name, arm_sets in order:
             arm = [*sets, *arm_sets, f"pipeline.loop.seed={r}", f"rl.seed={r}"]
-            configs[name] = arm_sets
             _, m = rl_from_shared(shared, args.preset, arm, args.out / f"{name}-r{r}")
             rows[name].append(run_row(m.summary, m.steps, r))
             print(json.dumps({"arm": name, **rows[name][-1]}), flush=True)
@@ -133,7 +131,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         "shared": str(args.shared),
         "steps": args.steps,
         "repeats": args.repeats,
-        "arm_overrides": configs,
+        "arm_overrides": dict(args.arms),
         "overrides": args.overrides,
         **summarise({a: rows[a] for a, _ in args.arms}),
     }
