@@ -32,6 +32,7 @@ from typing import Any
 import numpy as np
 from scipy import stats
 
+from provrl.bench.kept import Kept, shared_identity
 from provrl.config import load_config
 from provrl.pipeline.stages import paired_difference
 from provrl.pipeline.steplog import read_steps
@@ -265,13 +266,16 @@ def run_learning_benchmark(
     eval_k: int = 4,
     world2_seed: int | None = None,
     shared_from: str | os.PathLike[str] | None = None,
+    keep: str | os.PathLike[str] | None = None,
     progress: Callable[[str], None] | None = None,
 ) -> dict[str, Any]:
     """The benchmark of the module docstring; resumable (each run resumes in its directory).
     ``world2_seed``: the second world's generator seed (None: drawn, and recorded; a resumed
     run keeps the first run's, :func:`second_world_seed`).
     ``shared_from``: a finished run of the same preset whose world, warm start, probe and filter
-    are linked in instead of built (its warm start is still evaluated here, on test)."""
+    are linked in instead of built (its warm start is still evaluated here, on test).
+    ``keep``: a folder where each finished piece is kept (:mod:`provrl.bench.kept`) and read
+    back on a machine that lost ``out``."""
     say = progress or (lambda _m: None)
     bars = progress is not None  # a bar per subprocess where stage lines are shown
     root = Path(out).resolve()
@@ -283,29 +287,51 @@ def run_learning_benchmark(
     shared = root / "shared"
     if source is not None:
         _link_shared(source, shared)
-    say("shared: world, warm start, probe, filter, eval of the warm start")
-    shared_run = _run(
-        [
-            "run",
-            *common,
-            "--set",
-            f"logging.run_dir={shared}",
-            "--set",
-            "pipeline.loop.steps=0",
-            "--set",
-            "pipeline.eval.policies=[warmstart]",
-        ],
-        root / "shared.log",
-        watch_run(shared, 0, None) if bars else None,
-        "shared",
-    )
-    warm = _eval_summary(shared / "eval" / "warmstart")
+
+    def shared_run(policies: str) -> dict[str, float]:
+        return _run(
+            ["run", *common, "--set", f"logging.run_dir={shared}", "--set",
+             "pipeline.loop.steps=0", "--set", f"pipeline.eval.policies={policies}"],
+            root / "shared.log", watch_run(shared, 0, None) if bars else None, "shared",
+        )  # fmt: skip
+
+    say("shared: world, warm start, probe, filter")
+    shared_time = shared_run("[]")
+    kept = Kept(keep, shared_identity(shared))
+    warm = kept.get("warmstart")
+    if warm is None:
+        say("shared: eval of the warm start")
+        t = shared_run("[warmstart]")  # resumes: only the evaluation runs
+        shared_time = {"wall_s": shared_time["wall_s"] + t["wall_s"],
+                       "peak_rss_gb": max(shared_time["peak_rss_gb"], t["peak_rss_gb"])}  # fmt: skip
+        warm = _eval_summary(shared / "eval" / "warmstart")
+        kept.put("warmstart", warm)
     test_episodes = len(warm["task_accuracy"]) * eval_k
+    w2_kept = kept.get("world2-warmstart")
+    if w2_kept is not None:
+        if world2_seed is not None and world2_seed != w2_kept["seed"]:
+            raise ValueError(f"{kept.path('world2-warmstart')}: this benchmark's second world "
+                             f"is seed {w2_kept['seed']}, not {world2_seed}")  # fmt: skip
+        world2_seed = int(w2_kept["seed"])
     world2_seed = second_world_seed(root, world2_seed)
     w2 = ["--set", f"env.world.seed={world2_seed}"]
-    warm_w2 = None
+    ev2 = eval_args(shared, "test", n=0, k=eval_k, extra=w2)
+    if w2_kept is None:
+        say(f"second world (generator seed {world2_seed}): eval of the warm start")
+        w2_warm = root / "world2-warmstart"
+        _run([*ev2, "--policy", str(shared / "warmstart" / "ckpt"), "--run-dir", str(w2_warm)],
+             root / "world2.log", watch_eval(w2_warm, None) if bars else None, "world 2: warm start")  # fmt: skip
+        w2_kept = {"seed": world2_seed, "eval": _eval_summary(w2_warm)}
+        kept.put("world2-warmstart", w2_kept)
+    warm_w2 = w2_kept["eval"]
+    w2_episodes = len(warm_w2["task_accuracy"]) * eval_k
     rows = []
     for s in range(seeds):
+        row = kept.get(f"seed-{s}")
+        if row is not None:
+            say(f"seed {s}: kept in {kept.path(f'seed-{s}')}")
+            rows.append(row)
+            continue
         d = root / f"seed-{s}"
         _link_shared(shared, d)
         say(f"seed {s}: RL, eval")
@@ -329,21 +355,16 @@ def run_learning_benchmark(
         rl_ckpt = json.loads((d / "rl" / "done.json").read_text())["checkpoint"]
         rl_eval = _eval_summary(d / "eval" / "rl")
         say(f"seed {s}: second world (generator seed {world2_seed})")
-        ev2 = eval_args(d, "test", n=0, k=eval_k, extra=w2)
-        if warm_w2 is None:
-            w2_warm = root / "world2-warmstart"
-            _run([*ev2, "--policy", str(shared / "warmstart" / "ckpt"), "--run-dir", str(w2_warm)],
-                 root / "world2.log", watch_eval(w2_warm, None) if bars else None, "world 2: warm start")  # fmt: skip
-            warm_w2 = _eval_summary(root / "world2-warmstart")
-        w2_episodes = len(warm_w2["task_accuracy"]) * eval_k
         w2_run = _run([*ev2, "--policy", rl_ckpt, "--run-dir", str(d / "world2-rl")], root / "world2.log",
                       watch_eval(d / "world2-rl", w2_episodes) if bars else None, f"seed {s}: world 2")  # fmt: skip
         rows.append(seed_row(d, s, warm, rl_eval, warm_w2, _eval_summary(d / "world2-rl")))
         rows[-1].update(wall_s=run["wall_s"] + w2_run["wall_s"], peak_rss_gb=run["peak_rss_gb"])
+        kept.put(f"seed-{s}", rows[-1])
     return aggregate(rows, preset=preset, overrides=overrides, eval_k=eval_k,
                      world2_seed=world2_seed, warm=warm) | {
-        "shared": shared_run,
+        "shared": shared_time,
         "shared_from": str(source) if source is not None else None,
+        "kept": kept.summary(),
     }  # fmt: skip
 
 

@@ -245,6 +245,7 @@ def bench_learning(
         eval_k=c.eval_k,
         world2_seed=c.world2_seed or None,
         shared_from=c.shared or None,
+        keep=c.keep or None,
         progress=_progress("learning"),
     )
     res["targets"] = targets(res)

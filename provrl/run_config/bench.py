@@ -209,6 +209,13 @@ class LearningBenchConfig(Section):
         "reuses (linked into RUNS/shared; its warm start is still evaluated on test). Empty: "
         "built here.",
     )
+    keep: str = Field(
+        "",
+        description="A folder (under results/, committed) where each finished piece is kept "
+        "as JSON: the warm start's evaluations, each seed's row. A rerun on a machine that "
+        "lost --runs rebuilds the shared stages, checks they are the same (world, warm-start "
+        "weights, pools) and goes on from the kept pieces. Empty: nothing kept.",
+    )
 
 
 class DevBenchConfig(Section):

@@ -1,0 +1,104 @@
+"""Finished pieces of a long benchmark, kept where they outlive the machine.
+
+``provrl bench learning`` takes longer than one session of a 2-core machine (its shared stages,
+two evaluations of the warm start, then per RL seed the RL stage and two evaluations), and a
+machine may come back fresh: no ``runs/``. Checkpoints (hundreds of MB) cannot be kept in git,
+but what the record is made of can: each finished piece (the warm start's evaluations, a
+seed's row) as a small JSON file in a folder under ``results/`` that is committed::
+
+    KEEP/warmstart.json         {"identity": …, "commit": …, "date": …, "value": {…}}
+    KEEP/world2-warmstart.json
+    KEEP/seed-0.json
+
+A rerun on a fresh machine rebuilds the shared stages (world, warm start, probe, filter: the
+cheap part), checks that they are the ones the pieces were measured from
+(:func:`shared_identity`: the world, the warm start's weights, the probe's pools), reads the
+pieces back instead of rerunning them and goes on with what is missing. A piece measured from
+another build is refused in one line, never overwritten: the record's paired comparisons are
+only valid against one warm start.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import time
+from pathlib import Path
+from typing import Any
+
+from provrl._sys import file_sha256, git_state, write_json
+from provrl.models.loading import policy_fingerprint
+
+
+def shared_identity(shared: Path) -> dict[str, str]:
+    """What the shared stages of ``shared`` (a run directory) built: the world (its cache
+    directory's name: generator seed and config digest), the warm start's weights (sha256 of
+    its safetensors) and the probe's pools (sha256 of the filter's task files, by name).
+    Two builds agree on all three when the stages are deterministic on the machine."""
+    world = json.loads((shared / "world" / "done.json").read_text())["world_dir"]
+    warm = json.loads((shared / "warmstart" / "done.json").read_text())["checkpoint"]
+    pools = hashlib.sha256()
+    for p in sorted((shared / "filter").glob("*.jsonl")):
+        pools.update(f"{p.name}:{file_sha256(p)};".encode())
+    return {
+        "world": Path(world).name,
+        "warmstart": policy_fingerprint(str(warm)),
+        "pools": "sha256:" + pools.hexdigest(),
+    }
+
+
+class Kept:
+    """The pieces kept in ``folder`` for the shared stages of ``identity`` (``folder`` None:
+    nothing is kept, :meth:`get` finds nothing and :meth:`put` writes nothing)."""
+
+    def __init__(self, folder: str | os.PathLike[str] | None, identity: dict[str, str]) -> None:
+        self.folder = Path(folder) if folder else None
+        self.identity = identity
+        self.read: list[str] = []  # the pieces :meth:`get` returned, in order
+
+    def path(self, name: str) -> Path | None:
+        return self.folder / f"{name}.json" if self.folder is not None else None
+
+    def get(self, name: str) -> Any | None:
+        """The kept value of ``name``, or None. ValueError (one line, naming the file) when
+        it was measured from other shared stages than these."""
+        path = self.path(name)
+        if path is None or not path.is_file():
+            return None
+        try:
+            piece = json.loads(path.read_text())
+            kept_identity, value = piece["identity"], piece["value"]
+        except (json.JSONDecodeError, KeyError, TypeError) as e:
+            raise ValueError(f"{path}: not a kept piece ({e})") from None
+        for key, now in self.identity.items():
+            if kept_identity.get(key) != now:
+                raise ValueError(
+                    f"{path}: measured from another build of the shared stages ({key} "
+                    f"{kept_identity.get(key)} here {now}); move {self.folder} aside to start over"
+                )
+        self.read.append(name)
+        return value
+
+    def put(self, name: str, value: Any) -> None:
+        """Keep ``value`` as ``name`` (atomically), with the identity, commit and date."""
+        path = self.path(name)
+        if path is None:
+            return
+        commit, dirty = git_state()
+        piece = {
+            "identity": self.identity,
+            "commit": commit,
+            "dirty": dirty,
+            "date": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+            "value": value,
+        }
+        write_json(path, piece)
+
+    def summary(self) -> dict[str, Any]:
+        """For the record: the folder, the identity and which pieces were read back."""
+        return {
+            "folder": str(self.folder) if self.folder is not None else None,
+            "identity": self.identity,
+            "read": list(self.read),
+        }
