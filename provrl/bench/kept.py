@@ -12,7 +12,7 @@ seed's row) as a small JSON file in a folder under ``results/`` that is committe
 
 A rerun on a fresh machine rebuilds the shared stages (world, warm start, probe, filter: the
 cheap part), checks that they are the ones the pieces were measured from
-(:func:`shared_identity`: the world, the warm start's weights, the probe's pools), reads the
+(:func:`shared_identity`: the world and the warm start's weights), reads the
 pieces back instead of rerunning them and goes on with what is missing. A piece measured from
 another build is refused in one line, never overwritten: the record's paired comparisons are
 only valid against one warm start.
@@ -32,20 +32,25 @@ from provrl.models.loading import policy_fingerprint
 
 
 def shared_identity(shared: Path) -> dict[str, str]:
-    """What the shared stages of ``shared`` (a run directory) built: the world (its cache
-    directory's name: generator seed and config digest), the warm start's weights (sha256 of
-    its safetensors) and the probe's pools (sha256 of the filter's task files, by name).
-    Two builds agree on all three when the stages are deterministic on the machine."""
+    """What the kept pieces of ``shared`` (a run directory) were measured from: the world (its
+    cache directory's name: generator seed and config digest) and the warm start's weights
+    (sha256 of its safetensors). Two builds agree when the world generator and SFT are
+    deterministic on the machine (a fixed seed, data order and thread count on one CPU
+    model). The probe's pools are not part of it (:func:`pools_digest`): the probe samples
+    from the warm start, and a rebuilt probe may differ by a round-off-flipped token; each
+    seed's row records the pools it trained on."""
     world = json.loads((shared / "world" / "done.json").read_text())["world_dir"]
     warm = json.loads((shared / "warmstart" / "done.json").read_text())["checkpoint"]
-    pools = hashlib.sha256()
+    return {"world": Path(world).name, "warmstart": policy_fingerprint(str(warm))}
+
+
+def pools_digest(shared: Path) -> str:
+    """sha256 of the filter's task files (kept / unsolved / solved, by name): the tasks an RL
+    seed of ``shared`` trains on."""
+    h = hashlib.sha256()
     for p in sorted((shared / "filter").glob("*.jsonl")):
-        pools.update(f"{p.name}:{file_sha256(p)};".encode())
-    return {
-        "world": Path(world).name,
-        "warmstart": policy_fingerprint(str(warm)),
-        "pools": "sha256:" + pools.hexdigest(),
-    }
+        h.update(f"{p.name}:{file_sha256(p)};".encode())
+    return "sha256:" + h.hexdigest()
 
 
 class Kept:

@@ -32,7 +32,7 @@ from typing import Any
 import numpy as np
 from scipy import stats
 
-from provrl.bench.kept import Kept, shared_identity
+from provrl.bench.kept import Kept, pools_digest, shared_identity
 from provrl.config import load_config
 from provrl.pipeline.stages import paired_difference
 from provrl.pipeline.steplog import read_steps
@@ -358,7 +358,8 @@ def run_learning_benchmark(
         w2_run = _run([*ev2, "--policy", rl_ckpt, "--run-dir", str(d / "world2-rl")], root / "world2.log",
                       watch_eval(d / "world2-rl", w2_episodes) if bars else None, f"seed {s}: world 2")  # fmt: skip
         rows.append(seed_row(d, s, warm, rl_eval, warm_w2, _eval_summary(d / "world2-rl")))
-        rows[-1].update(wall_s=run["wall_s"] + w2_run["wall_s"], peak_rss_gb=run["peak_rss_gb"])
+        rows[-1].update(wall_s=run["wall_s"] + w2_run["wall_s"], peak_rss_gb=run["peak_rss_gb"],
+                        pools=pools_digest(shared))  # fmt: skip
         kept.put(f"seed-{s}", rows[-1])
     return aggregate(rows, preset=preset, overrides=overrides, eval_k=eval_k,
                      world2_seed=world2_seed, warm=warm) | {

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from provrl.bench.kept import Kept, shared_identity
+from provrl.bench.kept import Kept, pools_digest, shared_identity
 
 
 def _shared(root, weights=b"w0", pools=b'{"id": "t1"}\n'):
@@ -24,12 +24,15 @@ def _shared(root, weights=b"w0", pools=b'{"id": "t1"}\n'):
     return root
 
 
-def test_the_identity_names_the_world_and_changes_with_weights_or_pools(tmp_path):
+def test_the_identity_is_the_world_and_the_warm_start_weights(tmp_path):
     a = shared_identity(_shared(tmp_path / "a"))
-    assert a["world"] == "seed0-d5000-abc"
+    assert a["world"] == "seed0-d5000-abc" and a["warmstart"].startswith("sha256:")
     assert a == shared_identity(_shared(tmp_path / "a2"))  # the same bytes: the same build
     assert a["warmstart"] != shared_identity(_shared(tmp_path / "b", weights=b"w1"))["warmstart"]
-    assert a["pools"] != shared_identity(_shared(tmp_path / "c", pools=b"{}\n"))["pools"]
+    # another probe draw of the same warm start is the same build; its pools have their digest
+    assert a == shared_identity(_shared(tmp_path / "c", pools=b"{}\n"))
+    assert pools_digest(tmp_path / "a") == pools_digest(tmp_path / "a2")
+    assert pools_digest(tmp_path / "a") != pools_digest(tmp_path / "c")
 
 
 def test_a_kept_piece_is_read_back_for_the_same_build_only(tmp_path):
