@@ -18,6 +18,7 @@ and peak RSS. Across seeds: the mean and a 95 % t-interval.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import math
 import os
@@ -64,6 +65,32 @@ def watch_run(run_dir: Path, steps: int, eval_episodes: int | None) -> Watch:
         done = _lines(run_dir / "rl" / "steps.jsonl")
         if done < steps or not (run_dir / "eval").is_dir():
             return "rl steps", done, steps
+        ev = sum(_lines(p) for p in (run_dir / "eval").glob("*/trajectories.jsonl"))
+        return "eval episodes", ev, eval_episodes
+
+    return now
+
+
+def watch_shared(run_dir: Path, probe_episodes: int | None, eval_episodes: int | None) -> Watch:
+    """A ``provrl run`` of the shared stages in ``run_dir``: the warm start's SFT steps
+    (``warmstart/metrics.jsonl``, whose lines carry the planned total), then the probe's
+    episodes, then the evaluation episodes."""
+
+    def now() -> tuple[str, int, int | None]:
+        if not (run_dir / "warmstart" / "done.json").exists():
+            done, total = 0, None
+            with contextlib.suppress(FileNotFoundError):
+                for line in (run_dir / "warmstart" / "metrics.jsonl").read_text().splitlines():
+                    with contextlib.suppress(ValueError):  # a line being written
+                        rec = json.loads(line)
+                        done, total = int(rec["step"]), rec.get("sft/total_steps", total)
+            return "sft steps", done, int(total) if total is not None else None
+        if not (run_dir / "probe" / "done.json").exists():
+            return (
+                "probe episodes",
+                _lines(run_dir / "probe" / "trajectories.jsonl"),
+                probe_episodes,
+            )
         ev = sum(_lines(p) for p in (run_dir / "eval").glob("*/trajectories.jsonl"))
         return "eval episodes", ev, eval_episodes
 
@@ -280,7 +307,9 @@ def run_learning_benchmark(
     bars = progress is not None  # a bar per subprocess where stage lines are shown
     root = Path(out).resolve()
     root.mkdir(parents=True, exist_ok=True)
-    steps = load_config(RunConfig, preset, list(overrides)).pipeline.loop.steps
+    cfg = load_config(RunConfig, preset, list(overrides))
+    steps = cfg.pipeline.loop.steps
+    probe_episodes = cfg.pipeline.tasks.probe * cfg.pipeline.loop.k
     common = ["--preset", preset, "--no-progress", *[a for o in overrides for a in ("--set", o)]]
     common += ["--set", "pipeline.tasks.eval=0", "--set", f"pipeline.eval.k={eval_k}"]
     source = Path(shared_from).resolve() if shared_from is not None else None
@@ -292,7 +321,8 @@ def run_learning_benchmark(
         return _run(
             ["run", *common, "--set", f"logging.run_dir={shared}", "--set",
              "pipeline.loop.steps=0", "--set", f"pipeline.eval.policies={policies}"],
-            root / "shared.log", watch_run(shared, 0, None) if bars else None, "shared",
+            root / "shared.log", watch_shared(shared, probe_episodes, None) if bars else None,
+            "shared",
         )  # fmt: skip
 
     say("shared: world, warm start, probe, filter")

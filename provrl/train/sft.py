@@ -431,6 +431,7 @@ def train_sft(
                         "action_tokens_per_s": n_act / dt,
                         "step_s": dt,
                         "skipped_steps": skipped,
+                        "total_steps": len(steps),
                     },
                     prefix="sft",
                 )

@@ -187,3 +187,24 @@ def test_the_watches_count_what_a_run_has_done(tmp_path):
     # a watched subprocess still returns its wall time and peak RSS
     out = _run(["--help"], tmp_path / "help.log", w, "help")
     assert out["wall_s"] > 0 and out["peak_rss_gb"] > 0
+
+
+def test_the_shared_watch_counts_sft_steps_then_probe_then_eval_episodes(tmp_path):
+    """The shared run's bar: the warm start's SFT steps out of the total its metrics lines
+    carry, then the probe's episodes, then the evaluation's."""
+    from provrl.bench.learning import watch_shared
+
+    w = watch_shared(tmp_path, probe_episodes=512, eval_episodes=496)
+    assert w() == ("sft steps", 0, None)
+    (tmp_path / "warmstart").mkdir()
+    lines = '{"step": 1, "sft/total_steps": 48}\n{"step": 2, "sft/total_steps": 48}\n{"st'
+    (tmp_path / "warmstart" / "metrics.jsonl").write_text(lines)
+    assert w() == ("sft steps", 2, 48)
+    (tmp_path / "warmstart" / "done.json").write_text("{}")
+    (tmp_path / "probe").mkdir()
+    (tmp_path / "probe" / "trajectories.jsonl").write_text("{}\n" * 7)
+    assert w() == ("probe episodes", 7, 512)
+    (tmp_path / "probe" / "done.json").write_text("{}")
+    (tmp_path / "eval" / "warmstart").mkdir(parents=True)
+    (tmp_path / "eval" / "warmstart" / "trajectories.jsonl").write_text("{}\n" * 3)
+    assert w() == ("eval episodes", 3, 496)
