@@ -19,6 +19,7 @@ repeats. Top level: ``wall_ratio`` of every arm's median wall time over the firs
     python benchmarks/rl_stage.py --json                       # tiny model, quick preset
     python benchmarks/rl_stage.py --preset default --shared runs/devR4g --steps 4 \\
         --repeats 2 --arm base= --arm lend=pipeline.loop.lend_cores=true \\
+        --arm both=pipeline.loop.lend_cores=true,pipeline.loop.borrow_cores=true \\
         --results results/rl_stage_lend_cores.json --json
 """
 

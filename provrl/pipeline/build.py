@@ -18,22 +18,24 @@ version) and hands them to the loop, which owns none of the wiring.
 from __future__ import annotations
 
 import os
+from collections import Counter
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, cast
+from typing import Any, NamedTuple, cast
 
 import torch
 
 from provrl.distributed.factory import fleet_summary
 from provrl.engine.api import Engine, EngineFactory, ThreadedEngine
+from provrl.engine.router import engine_load
 from provrl.models.loading import LoadedModel, load_model
 from provrl.pipeline.engines import engine_factory, make_learner, stage_engine_config
 from provrl.report.metrics import MetricsWriter
 from provrl.rollout.agent import AgentEnv
 from provrl.rollout.setup import build_env
 from provrl.run_config.run import RunConfig
-from provrl.train.learner import Learner
+from provrl.train.learner import Learner, LocalLearner
 
 
 @dataclass
@@ -57,6 +59,11 @@ class RLParts:
     lent_threads: int = 0
     """torch threads of the engine while the learner waits for a batch (0: no lending —
     ``pipeline.loop.lend_cores`` off, or an engine that does not compute in this process)."""
+    borrowed_threads: int = 0
+    """torch threads of a learner micro-batch while the engine has nothing to compute (0: no
+    borrowing — ``pipeline.loop.borrow_cores`` off, or an engine or learner elsewhere)."""
+    micro_batches: Counter[str] = field(default_factory=Counter)
+    """Learner micro-batches by the threads they ran on: ``own`` or ``borrowed``."""
 
     def lend_cores(self, learner_busy: bool) -> None:
         """``pipeline.loop.lend_cores``: the engine computes on ``engine_threads`` while the
@@ -64,6 +71,15 @@ class RLParts:
         if self.lent_threads:  # set only for an engine that computes here (build_rl_parts)
             engine = cast(ThreadedEngine, self.engine)
             engine.set_threads(self.engine_threads if learner_busy else self.lent_threads)
+
+    def learner_threads(self) -> int:
+        """``pipeline.loop.borrow_cores``: the learner's torch threads for its next
+        micro-batch (:attr:`RLTrainer.micro_threads <provrl.train.rl.RLTrainer.micro_threads>`)
+        — ``borrowed_threads`` while the engine has no turn generating or queued, else its own
+        ``trainer_threads``."""
+        idle = engine_load(self.engine) == 0
+        self.micro_batches["borrowed" if idle else "own"] += 1
+        return self.borrowed_threads if idle else self.trainer_threads
 
     def summary(self) -> dict[str, Any]:
         """What the parts say about this session, for the stage summary (before
@@ -78,6 +94,8 @@ class RLParts:
                 "engine": self.engine_threads,
                 "trainer": self.trainer_threads,
                 "lent": self.lent_threads,
+                "borrowed": self.borrowed_threads,
+                "micro_batches": dict(self.micro_batches),
             },
         }
 
@@ -109,16 +127,32 @@ def _set_threads(n: int) -> None:
         torch.set_num_threads(n)
 
 
-def split_threads(cfg: RunConfig) -> tuple[int, int, int]:
-    """(engine, trainer, lent) torch threads: ``engine.threads``, the default and no lending,
-    or with async ``split_cores`` half of torch's intra-op threads each (at least one) and,
-    with ``lend_cores``, all of them for the engine while the learner waits."""
+class ThreadSplit(NamedTuple):
+    """torch intra-op threads of the RL stage's two sides (:func:`split_threads`)."""
+
+    engine: int
+    """The engine's scheduler thread (0: torch's default)."""
+    trainer: int
+    """The learner thread (0: the process default)."""
+    lent: int
+    """The engine's while the learner waits (``lend_cores``; 0: none)."""
+    borrowed: int
+    """A learner micro-batch's while the engine has nothing to compute (``borrow_cores``; 0:
+    none)."""
+
+
+def split_threads(cfg: RunConfig) -> ThreadSplit:
+    """``engine.threads``, the default and no lending or borrowing; or with async
+    ``split_cores`` half of torch's intra-op threads each (at least one) and all of them for
+    the engine while the learner waits (``lend_cores``), for the learner while the engine has
+    nothing to compute (``borrow_cores``)."""
     loop = cfg.pipeline.loop
     if loop.mode == "async" and loop.split_cores:
         cores = torch.get_num_threads()
         half = max(1, cores // 2)
-        return half, half, cores if loop.lend_cores and cores > half else 0
-    return cfg.engine.threads, 0, 0
+        more = cores if cores > half else 0
+        return ThreadSplit(half, half, more if loop.lend_cores else 0, more if loop.borrow_cores else 0)  # fmt: skip
+    return ThreadSplit(cfg.engine.threads, 0, 0, 0)
 
 
 def build_rl_parts(
@@ -141,13 +175,13 @@ def build_rl_parts(
     (``optimizer_state``: the checkpoint a resumed run restores the optimizer from)."""
     torch.manual_seed(seed + version)
     lm = load_model(policy, dtype=cfg.model.dtype, device=cfg.model.device)
-    engine_threads, trainer_threads, lent_threads = split_threads(cfg)
+    engine_threads, trainer_threads, lent_threads, borrowed_threads = split_threads(cfg)
     engine_cfg = stage_engine_config(
         cfg, cfg.pipeline.loop.concurrency, seed=seed + version, threads=engine_threads
     )
     engine = (engines or engine_factory(cfg))(lm, engine_cfg, version=version)
     if not isinstance(engine, ThreadedEngine):  # vLLM's or Ray's processes keep their cores
-        lent_threads = 0
+        lent_threads = borrowed_threads = 0
     metrics = None
     try:
         env = build_env(engine, lm, world_dir, cfg.env, extra={"start": start_policy})
@@ -169,4 +203,8 @@ def build_rl_parts(
             metrics.close()
         engine.close()
         raise
-    return RLParts(lm, engine, env, learner, metrics, engine_threads, trainer_threads, lent_threads)
+    parts = RLParts(lm, engine, env, learner, metrics, engine_threads, trainer_threads, lent_threads)  # fmt: skip
+    if borrowed_threads and isinstance(learner, LocalLearner):  # a Ray trainer keeps its cores
+        parts.borrowed_threads = borrowed_threads
+        learner.trainer.micro_threads = parts.learner_threads
+    return parts

@@ -159,6 +159,15 @@ class RLLoopConfig(Section):
         "while the learner idles in a generation-bound run, so the learner's core would "
         "otherwise sit idle.",
     )
+    borrow_cores: bool = Field(
+        False,
+        description="async with split_cores: before each of the learner's micro-batches, if "
+        "the engine (an in-process one) has no turn generating or queued — every episode "
+        "waits on a tool, or paced admission holds the next groups back — the learner runs it "
+        "on all of torch's intra-op threads, else on its half. The mirror of lend_cores: the "
+        "engine's core would otherwise sit idle while the learner computes. Work that reaches "
+        "the engine mid-micro-batch shares its core until that micro-batch ends.",
+    )
 
 
 class CurriculumConfig(Section):

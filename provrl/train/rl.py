@@ -43,7 +43,7 @@ import copy
 import dataclasses
 import math
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field, fields
 from typing import Any
 
@@ -367,6 +367,10 @@ class RLTrainer:
                 use_packed_attention(self.ref_model)
         self.meter = SavedTensorMeter(self.params)
         """Activations held for backward (the step's ``mem_activations_mib``)."""
+        self.micro_threads: Callable[[], int] | None = None
+        """Asked before each micro-batch, on the thread that computes it: the torch intra-op
+        threads to run it with (0: leave them). The async RL loop's ``borrow_cores`` sets it
+        (:meth:`provrl.pipeline.build.RLParts.learner_threads`)."""
 
     # ------------------------------------------------------------------ the step
     def step(self, trajectories: Sequence[Trajectory]) -> StepResult:
@@ -785,9 +789,12 @@ class RLTrainer:
         if cfg.progress:
             from tqdm import tqdm
 
-            yield from tqdm(groups, desc="rl micro-batches", leave=False)
-        else:
-            yield from groups
+            groups = tqdm(groups, desc="rl micro-batches", leave=False)
+        for g in groups:
+            n = self.micro_threads() if self.micro_threads is not None else 0
+            if n and n != torch.get_num_threads():
+                torch.set_num_threads(n)  # this thread's count (an OpenMP ICV)
+            yield g
 
     @staticmethod
     def _slice(

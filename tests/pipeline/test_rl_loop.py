@@ -283,11 +283,45 @@ def test_lend_cores_gives_the_engine_the_learners_core_while_the_learner_waits(
     monkeypatch.setattr(LocalEngine, "set_threads", lambda self, n: (calls.append(n), set_threads(self, n))[1])  # fmt: skip
     split = ("pipeline.loop.split_cores=true",)
     cfg = load_config(RunConfig, "quick", [*split, "pipeline.loop.mode=async"])
-    assert split_threads(cfg) == (1, 1, 0)
+    assert split_threads(cfg) == (1, 1, 0, 0)
     _two_steps(tmp_path / "off", small_world, "async", *split)
     assert calls == []
     lend = (*split, "pipeline.loop.lend_cores=true")
-    assert split_threads(load_config(RunConfig, "quick", [*lend, "pipeline.loop.mode=async"])) == (1, 1, 2)  # fmt: skip
+    assert split_threads(load_config(RunConfig, "quick", [*lend, "pipeline.loop.mode=async"])) == (1, 1, 2, 0)  # fmt: skip
     summary, _ = _two_steps(tmp_path / "on", small_world, "async", *lend)
     assert calls == [2, 1, 2, 1, 2, 1]  # wait, step 1, wait, step 2, wait, the end
-    assert summary["threads"] == {"engine": 1, "trainer": 1, "lent": 2}
+    assert summary["threads"] == {"engine": 1, "trainer": 1, "lent": 2, "borrowed": 0, "micro_batches": {}}
+
+
+@pytest.mark.parametrize(("engine_load", "ran_on"), [(0, "borrowed"), (3, "own")])
+def test_borrow_cores_gives_the_learner_the_engines_core_while_the_engine_has_nothing_to_do(
+    tmp_path, small_world, monkeypatch, engine_load, ran_on
+):
+    """pipeline.loop.borrow_cores: each learner micro-batch asks for its threads; with the
+    engine idle (no turn generating or queued) it runs on every core, else on its half —
+    and torch's count is set on the learner's thread to what it asked for."""
+    import threading
+
+    import torch
+
+    import provrl.pipeline.build as build
+
+    count = threading.local()  # torch's count is per thread: two cores unless set
+    set_on: list[tuple[str, int]] = []
+
+    def set_threads(n: int) -> None:
+        set_on.append((threading.current_thread().name, n))
+        count.n = n
+
+    monkeypatch.setattr(torch, "get_num_threads", lambda: getattr(count, "n", 2))
+    monkeypatch.setattr(torch, "set_num_threads", set_threads)
+    monkeypatch.setattr(build, "engine_load", lambda engine: engine_load)
+    borrow = ("pipeline.loop.split_cores=true", "pipeline.loop.borrow_cores=true")
+    assert build.split_threads(load_config(RunConfig, "quick", [*borrow, "pipeline.loop.mode=async"])) == (1, 1, 0, 2)  # fmt: skip
+    summary, _ = _two_steps(tmp_path, small_world, "async", *borrow)
+    threads = summary["threads"]
+    assert threads["borrowed"] == 2 and set(threads["micro_batches"]) == {ran_on}
+    assert threads["micro_batches"][ran_on] >= 2  # at least one micro-batch a step
+    learner = [n for name, n in set_on if name.startswith("learner")]
+    # its half when the thread starts, then all cores for every micro-batch (set once)
+    assert learner == ([1] if ran_on == "own" else [1, 2])
