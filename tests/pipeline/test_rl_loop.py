@@ -290,7 +290,13 @@ def test_lend_cores_gives_the_engine_the_learners_core_while_the_learner_waits(
     assert split_threads(load_config(RunConfig, "quick", [*lend, "pipeline.loop.mode=async"])) == (1, 1, 2, 0)  # fmt: skip
     summary, _ = _two_steps(tmp_path / "on", small_world, "async", *lend)
     assert calls == [2, 1, 2, 1, 2, 1]  # wait, step 1, wait, step 2, wait, the end
-    assert summary["threads"] == {"engine": 1, "trainer": 1, "lent": 2, "borrowed": 0, "micro_batches": {}}
+    assert summary["threads"] == {
+        "engine": 1,
+        "trainer": 1,
+        "lent": 2,
+        "borrowed": 0,
+        "micro_batches": {},
+    }
 
 
 @pytest.mark.parametrize(("engine_load", "ran_on"), [(0, "borrowed"), (3, "own")])
