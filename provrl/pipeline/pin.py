@@ -36,8 +36,12 @@ RESUMABLE = (
     "rl.logprob_chunk_tokens",
     "sft.micro_batch_tokens",
     "pipeline.eval.concurrency",
+    "pipeline.eval.policies",
 )
-"""Keys that change how a run executes but not what it computes: a resume may change them."""
+"""Keys that change how a run executes but not what it computes: a resume may change them.
+``pipeline.eval.policies`` names which policies the eval stage evaluates: a resume may ask
+for another (the shared stages of ``provrl bench learning`` are built first and their warm
+start evaluated later); one already evaluated keeps its result."""
 CONFIG = "config.yaml"
 COPY = ".config.yaml"
 """The run's own copy of its config, beside ``config.yaml`` (names the keys of an edit)."""

@@ -68,6 +68,9 @@ def test_a_changed_key_is_refused_and_an_execution_knob_is_logged(tmp_path):
     pin_config(run, _cfg(tmp_path, "rl.micro_batch_size=4"))
     log = (tmp_path / "resume.log").read_text()
     assert "rl.micro_batch_size: 8 → 4" in log and log.endswith("\n")
+    # which policies the eval stage evaluates (bench learning: the shared stages, then their eval)
+    pin_config(run, _cfg(tmp_path, "rl.micro_batch_size=4", "pipeline.eval.policies=[]"))
+    assert "pipeline.eval.policies" in (tmp_path / "resume.log").read_text()
 
 
 def test_a_first_attempt_that_failed_before_any_stage_does_not_pin(tmp_path, capsys):
