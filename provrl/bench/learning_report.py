@@ -35,16 +35,22 @@ TARGETS = {
 """Issue 32's done-when thresholds."""
 
 
+def _f(x: Any) -> float:
+    """A record's number; null (what strict JSON writes for NaN: a seed that solved nothing
+    has no calls per solved task) is NaN again, and fails every threshold."""
+    return math.nan if x is None else float(x)
+
+
 def targets(result: Mapping[str, Any]) -> dict[str, Any]:
     """Each target of the module docstring: the measured value(s) and whether it holds."""
     rows = list(result["seeds"])
-    gains = [float(r["accuracy_gain_points"]) for r in rows]
-    lows = [float(r["accuracy_gain_points"]) - Z95 * float(r["accuracy_gain_se"]) for r in rows]
-    cuts = [float(r["tool_calls_solved_cut_frac"]) for r in rows]
-    mixed = [float(r["mixed_version_frac"]) for r in rows]
-    w2 = [float(r["second_world_gain_points"]) for r in rows]
+    gains = [_f(r["accuracy_gain_points"]) for r in rows]
+    lows = [_f(r["accuracy_gain_points"]) - Z95 * _f(r["accuracy_gain_se"]) for r in rows]
+    cuts = [_f(r["tool_calls_solved_cut_frac"]) for r in rows]
+    mixed = [_f(r["mixed_version_frac"]) for r in rows]
+    w2 = [_f(r["second_world_gain_points"]) for r in rows]
     tier_gain = {
-        f"seed {r['seed']} tier {k}": float(v["gain_points"]) for r in rows
+        f"seed {r['seed']} tier {k}": _f(v["gain_points"]) for r in rows
         for k, v in r["per_tier"].items()
     }  # fmt: skip
     checks = {
@@ -80,10 +86,10 @@ def plot_learning(result: Mapping[str, Any], png: str | Path) -> Path:
         for j, (m, label) in enumerate(metrics):
             ax = axes[i][j]
             x = np.arange(len(tiers))
-            warm = [rows[0][key][t][f"warmstart_{m}"] for t in tiers]
+            warm = [_f(rows[0][key][t][f"warmstart_{m}"]) for t in tiers]
             ax.bar(x, warm, width=0.5, color="0.8", label="warm start")
             for s, r in enumerate(rows):
-                ys = [r[key][t][f"rl_{m}"] for t in tiers]
+                ys = [_f(r[key][t][f"rl_{m}"]) for t in tiers]
                 ax.scatter(x + (s - (len(rows) - 1) / 2) * 0.12, ys, zorder=3,
                            label=f"RL seed {r['seed']}")  # fmt: skip
             ax.set_xticks(x, [f"tier {t}" for t in tiers])
@@ -94,8 +100,8 @@ def plot_learning(result: Mapping[str, Any], png: str | Path) -> Path:
             ax.grid(axis="y", alpha=0.3)
     handles, labels = axes[0][0].get_legend_handles_labels()  # below the panels, off the data
     fig.legend(handles, labels, loc="outside lower center", ncol=len(labels), fontsize=9)
-    gain = result.get("mean", {}).get("accuracy_gain_points", math.nan)
-    cuts = " / ".join(f"{100 * r.get('tool_calls_solved_cut_frac', math.nan):.0f}" for r in rows)
+    gain = _f(result.get("mean", {}).get("accuracy_gain_points"))
+    cuts = " / ".join(f"{100 * _f(r.get('tool_calls_solved_cut_frac')):.0f}" for r in rows)
     fig.suptitle(
         f"bench learning, preset {result.get('preset', '?')}: {len(rows)} RL seeds from one warm "
         f"start, k={result.get('eval_k', '?')}\nmean gain {gain:+.1f} points on test; tool calls "

@@ -208,3 +208,18 @@ def test_the_shared_watch_counts_sft_steps_then_probe_then_eval_episodes(tmp_pat
     (tmp_path / "eval" / "warmstart").mkdir(parents=True)
     (tmp_path / "eval" / "warmstart" / "trajectories.jsonl").write_text("{}\n" * 3)
     assert w() == ("eval episodes", 3, 496)
+
+
+def test_a_record_read_back_from_json_with_nulls_is_checked_and_drawn(tmp_path):
+    """Strict JSON writes NaN as null (a kept seed row, a results file): a seed that solved
+    nothing has no calls per solved task. Its targets fail, nothing raises."""
+    import json
+
+    rec = json.loads(json.dumps(_record()))
+    rec["seeds"][0]["tool_calls_solved_cut_frac"] = None
+    rec["seeds"][0]["per_tier"]["2"]["rl_tool_calls_solved"] = None
+    rec["mean"]["accuracy_gain_points"] = None
+    t = targets(rec)
+    assert not t["checks"]["calls_cut_every_seed"]["holds"]
+    assert t["checks"]["mean_gain"]["holds"]  # from the rows, not the stored mean
+    assert plot_learning(rec, tmp_path / "l.png").stat().st_size > 10_000
