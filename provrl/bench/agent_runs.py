@@ -36,7 +36,7 @@ from provrl.env.tasks import Task
 from provrl.pipeline.rl_loop import RLLoop
 from provrl.pipeline.run import run_pipeline
 from provrl.pipeline.rundir import RunDir
-from provrl.pipeline.stages import load_pool
+from provrl.pipeline.stages import rl_tasks
 from provrl.pipeline.steplog import read_steps
 from provrl.rollout.evaluate import evaluate
 from provrl.run_config.run import RunConfig
@@ -192,11 +192,12 @@ def rl_from_shared(
     keep: Container[int] | None = None,
 ) -> tuple[RunConfig, Measured]:
     """One measured RL stage of ``preset`` + ``sets`` in ``d``, a fresh copy of the shared
-    start, trained on the filter's ``pipeline.rl_pools`` (:func:`run_measured`; ``keep_dir``,
+    start, on the tasks ``provrl run`` gives the stage (:func:`~provrl.pipeline.stages.rl_tasks`:
+    every probed task under the online curriculum) (:func:`run_measured`; ``keep_dir``,
     ``keep`` as there): the config it ran and what it measured."""
     run = fresh_copy(shared, d)
     cfg = load_config(RunConfig, preset, list(sets))
-    pool = [t for p in cfg.pipeline.rl_pools for t in load_pool(run, p)]
+    pool = rl_tasks(cfg, run)
     return cfg, run_measured(
         cfg, run, shared.world, pool, shared.start, keep_dir=keep_dir, keep=keep
     )

@@ -145,9 +145,7 @@ def run_pipeline(cfg: RunConfig, run_dir: str | Path, *, progress: bool = True) 
 
     # RL --------------------------------------------------------------------------------------
 
-    # the curriculum moves every probed task between pools; without it, the named pools
-    names = ("kept", "unsolved", "solved") if cfg.pipeline.curriculum.enabled else cfg.pipeline.rl_pools  # fmt: skip
-    pool = [t for name in names for t in stages.load_pool(run, name)]
+    pool = stages.rl_tasks(cfg, run)  # the curriculum's: every probed task; else the named pools
     rl = _stage(
         run,
         "rl",

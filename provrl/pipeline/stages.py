@@ -71,6 +71,13 @@ def load_pool(run: RunDir, name: str) -> list[Task]:
     return load_tasks(run.root / "filter" / f"{name}.jsonl")
 
 
+def rl_tasks(cfg: RunConfig, run: RunDir) -> list[Task]:
+    """The RL stage's tasks: every probed task (kept, unsolved, solved) when the online
+    curriculum moves them between pools, else those of ``pipeline.rl_pools``."""
+    names = ("kept", "unsolved", "solved") if cfg.pipeline.curriculum.enabled else cfg.pipeline.rl_pools  # fmt: skip
+    return [t for name in names for t in load_pool(run, name)]
+
+
 def check_fresh(cfg: RunConfig, run: RunDir, policy: str, world_dir: Path) -> list[str]:
     """Refuse pools probed with another policy or tool configuration than the RL stage will
     use (unless ``pipeline.allow_stale_pools``)."""
