@@ -9,9 +9,12 @@ seed's row) as a small JSON file in a folder under ``results/`` that is committe
     KEEP/warmstart.json         {"identity": …, "commit": …, "date": …, "value": {…}}
     KEEP/world2-warmstart.json
     KEEP/seed-0.json
+    KEEP/shared-probe.tar.gz    the probe's and the filter's directories (+ .json: identity)
 
-A rerun on a fresh machine rebuilds the shared stages (world, warm start, probe, filter: the
-cheap part), checks that they are the ones the pieces were measured from
+A rerun on a fresh machine puts the kept probe and filter back (:func:`restore_dirs`: their
+stage markers say done, so the run does not probe again, and its freshness check refuses them
+if the rebuilt warm start is not the one they probed), rebuilds the world and the warm start,
+checks that they are the ones the pieces were measured from
 (:func:`shared_identity`: the world and the warm start's weights), reads the
 pieces back instead of rerunning them and goes on with what is missing. A piece measured from
 another build is refused in one line, never overwritten: the record's paired comparisons are
@@ -23,7 +26,9 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import tarfile
 import time
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -100,6 +105,20 @@ class Kept:
         }
         write_json(path, piece)
 
+    def put_dirs(self, name: str, root: Path, dirs: Sequence[str]) -> None:
+        """Keep the directories ``dirs`` of ``root`` as ``name.tar.gz`` (gzip), with the
+        identity, commit and date as the piece ``name`` (its value: the directories)."""
+        path = self.path(name)
+        if path is None:
+            return
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_name(f".{name}.tar.gz.tmp-{os.getpid()}")
+        with tarfile.open(tmp, "w:gz", compresslevel=9) as tar:
+            for d in dirs:
+                tar.add(root / d, arcname=d)
+        os.replace(tmp, path.with_suffix(".tar.gz"))
+        self.put(name, {"dirs": list(dirs)})
+
     def summary(self) -> dict[str, Any]:
         """For the record: the folder, the identity and which pieces were read back."""
         return {
@@ -107,3 +126,24 @@ class Kept:
             "identity": self.identity,
             "read": list(self.read),
         }
+
+
+def restore_dirs(folder: str | os.PathLike[str] | None, name: str, root: Path) -> list[str]:
+    """Put the directories kept as ``folder/name.tar.gz`` (:meth:`Kept.put_dirs`) back into
+    ``root``, unless ``root`` already holds one of them (a run that kept its own: nothing is
+    overwritten). The directories restored (none without an archive)."""
+    if not folder:
+        return []
+    archive = Path(folder) / f"{name}.tar.gz"
+    if not archive.is_file():
+        return []
+    try:
+        with tarfile.open(archive, "r:gz") as tar:
+            tops = sorted({m.name.split("/", 1)[0] for m in tar.getmembers()})
+            if any((root / d).exists() for d in tops):
+                return []
+            root.mkdir(parents=True, exist_ok=True)
+            tar.extractall(root, filter="data")  # no links out of root, no absolute paths
+    except (tarfile.TarError, OSError, EOFError) as e:
+        raise ValueError(f"{archive}: not a kept archive ({e})") from None
+    return tops

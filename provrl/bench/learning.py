@@ -33,7 +33,7 @@ from typing import Any
 import numpy as np
 from scipy import stats
 
-from provrl.bench.kept import Kept, pools_digest, shared_identity
+from provrl.bench.kept import Kept, pools_digest, restore_dirs, shared_identity
 from provrl.config import load_config
 from provrl.pipeline.stages import paired_difference
 from provrl.pipeline.steplog import read_steps
@@ -325,9 +325,13 @@ def run_learning_benchmark(
             "shared",
         )  # fmt: skip
 
+    if restore_dirs(keep, "shared-probe", shared):  # a fresh machine: no second probe
+        say(f"shared: the probe and filter kept in {keep} put back")
     say("shared: world, warm start, probe, filter")
     shared_time = shared_run("[]")
     kept = Kept(keep, shared_identity(shared))
+    if kept.get("shared-probe") is None:  # else: the ones put back, identity checked
+        kept.put_dirs("shared-probe", shared, ("probe", "filter"))
     warm = kept.get("warmstart")
     if warm is None:
         say("shared: eval of the warm start")

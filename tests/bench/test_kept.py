@@ -8,19 +8,21 @@ from pathlib import Path
 
 import pytest
 
-from provrl.bench.kept import Kept, pools_digest, shared_identity
+from provrl.bench.kept import Kept, pools_digest, restore_dirs, shared_identity
 
 
 def _shared(root, weights=b"w0", pools=b'{"id": "t1"}\n'):
-    """A run directory with the files :func:`shared_identity` reads."""
+    """A run directory with the files :func:`shared_identity` reads (a filter already there,
+    put back from a kept archive, is left as it is)."""
     ckpt = root / "warmstart" / "ckpt"
     ckpt.mkdir(parents=True)
     (ckpt / "model.safetensors").write_bytes(weights)
     (root / "warmstart" / "done.json").write_text(json.dumps({"checkpoint": str(ckpt)}))
     (root / "world").mkdir()
     (root / "world" / "done.json").write_text(json.dumps({"world_dir": "/c/seed0-d5000-abc"}))
-    (root / "filter").mkdir()
-    (root / "filter" / "kept.jsonl").write_bytes(pools)
+    if not (root / "filter").exists():
+        (root / "filter").mkdir()
+        (root / "filter" / "kept.jsonl").write_bytes(pools)
     return root
 
 
@@ -57,6 +59,28 @@ def test_a_corrupt_piece_is_one_line_naming_the_file(tmp_path):
         Kept(tmp_path, {}).get("seed-0")
 
 
+def test_kept_directories_are_put_back_only_where_they_are_missing(tmp_path):
+    """The probe and filter kept as an archive: put back into a fresh run directory (the
+    stage markers with them), never over directories a run already has."""
+    src = _shared(tmp_path / "src")
+    (src / "filter" / "done.json").write_text('{"sizes": {"kept": 1}}')
+    k = Kept(tmp_path / "keep", shared_identity(src))
+    k.put_dirs("shared-probe", src, ("filter",))
+    assert k.get("shared-probe") == {"dirs": ["filter"]}
+    fresh = tmp_path / "fresh"
+    assert restore_dirs(tmp_path / "keep", "shared-probe", fresh) == ["filter"]
+    assert (fresh / "filter" / "done.json").read_text() == '{"sizes": {"kept": 1}}'
+    assert pools_digest(fresh) == pools_digest(src)
+    (fresh / "filter" / "kept.jsonl").write_text("mine\n")
+    assert restore_dirs(tmp_path / "keep", "shared-probe", fresh) == []  # it has its own
+    assert (fresh / "filter" / "kept.jsonl").read_text() == "mine\n"
+    assert restore_dirs(tmp_path / "keep", "other", tmp_path / "x") == []  # nothing kept
+    assert restore_dirs(None, "shared-probe", tmp_path / "x") == []
+    (tmp_path / "keep" / "bad.tar.gz").write_bytes(b"not gzip")
+    with pytest.raises(ValueError, match=r"bad\.tar\.gz: not a kept archive"):
+        restore_dirs(tmp_path / "keep", "bad", tmp_path / "y")
+
+
 def test_without_a_folder_nothing_is_kept(tmp_path):
     k = Kept(None, {"world": "w"})
     k.put("seed-0", {"x": 1})
@@ -88,6 +112,7 @@ def test_a_benchmark_whose_pieces_are_all_kept_only_rebuilds_the_shared_stages(
     warm = {"task_accuracy": {"a": 0.5}, "accuracy": 0.5, "tool_calls_solved": 3.0}
     keep.put("warmstart", warm)
     keep.put("world2-warmstart", {"seed": 77, "eval": warm})
+    keep.put_dirs("shared-probe", tmp_path / "build", ("filter",))
     for s in range(2):
         keep.put(f"seed-{s}", {"seed": s, "accuracy_gain_points": 10.0 + s,
                                "tool_calls_solved_cut_frac": 0.3, "mixed_version_frac": 0.25,
@@ -97,10 +122,17 @@ def test_a_benchmark_whose_pieces_are_all_kept_only_rebuilds_the_shared_stages(
         "quick", seeds=2, out=runs, keep=tmp_path / "keep", world2_seed=None
     )
     assert len(calls) == 1 and "pipeline.eval.policies=[]" in calls[0]
+    assert (runs / "shared" / "filter" / "kept.jsonl").is_file()  # put back before the run
     assert [r["seed"] for r in rec["seeds"]] == [0, 1]
     assert rec["mean"]["accuracy_gain_points"] == pytest.approx(10.5)
     assert rec["world2_seed"] == 77
-    assert rec["kept"]["read"] == ["warmstart", "world2-warmstart", "seed-0", "seed-1"]
+    assert rec["kept"]["read"] == [
+        "shared-probe",
+        "warmstart",
+        "world2-warmstart",
+        "seed-0",
+        "seed-1",
+    ]
     with pytest.raises(ValueError, match="second world is seed 77, not 78"):
         learning.run_learning_benchmark(
             "quick", seeds=2, out=tmp_path / "runs2", keep=tmp_path / "keep", world2_seed=78
