@@ -113,3 +113,58 @@ def plot_learning(result: Mapping[str, Any], png: str | Path) -> Path:
     fig.savefig(out, dpi=110)
     plt.close(fig)
     return out
+
+
+def learning_markdown(result: Mapping[str, Any], link: str = "../results/learning.json") -> str:
+    """The docs' tables of a record: per seed (paired gain and SE, each tier's warm start →
+    RL accuracy, the cut in tool calls per solved task, the mixed-version share, the
+    second-world gain) and issue 32's targets — every figure a link ``[v](link#key.path)``
+    into the record, the form ``tests/test_results.py`` checks against it."""
+
+    def fig(value: Any, path: str, fmt: str, scale: float = 1.0) -> str:
+        x = _f(value)
+        if not math.isfinite(x):
+            return "–"
+        anchor = f"{path}*{scale:g}" if scale != 1.0 else path
+        return f"[{format(x * scale, fmt)}]({link}#{anchor})"
+
+    def pct(value: Any, path: str) -> str:
+        shown = fig(value, path, ".0f", 100)
+        return shown + " %" if shown != "–" else shown
+
+    rows = list(result["seeds"])
+    tiers = sorted(rows[0]["per_tier"], key=int) if rows else []
+    head = ["seed", "gain (points, SE)", *[f"tier {t}" for t in tiers], "calls / solved cut",
+            "mixed-version", "second world"]  # fmt: skip
+    out = ["| " + " | ".join(head) + " |", "|" + " --- |" * len(head)]
+    for i, r in enumerate(rows):
+        p = f"seeds.{i}"
+        cells = [str(r["seed"]),
+                 f"{fig(r['accuracy_gain_points'], f'{p}.accuracy_gain_points', '+.1f')} "
+                 f"({fig(r['accuracy_gain_se'], f'{p}.accuracy_gain_se', '.1f')})"]  # fmt: skip
+        for t in tiers:
+            q = f"{p}.per_tier.{t}"
+            cells.append(f"{fig(r['per_tier'][t]['warmstart_accuracy'], f'{q}.warmstart_accuracy', '.2f')}"
+                         f" → {fig(r['per_tier'][t]['rl_accuracy'], f'{q}.rl_accuracy', '.2f')}")  # fmt: skip
+        cells.append(pct(r["tool_calls_solved_cut_frac"], f"{p}.tool_calls_solved_cut_frac"))
+        cells.append(pct(r["mixed_version_frac"], f"{p}.mixed_version_frac"))
+        cells.append(fig(r["second_world_gain_points"], f"{p}.second_world_gain_points", "+.1f"))
+        out.append("| " + " | ".join(cells) + " |")
+    checks = targets(result)["checks"]
+    yes = {c: "yes" if checks[c]["holds"] else "no" for c in checks}
+    n = len(rows)
+    fell = [k for k, g in checks["no_tier_falls"]["value"].items() if not g >= 0]
+    out += ["", "| target | measured | holds |", "| --- | --- | --- |"]
+    out.append(f"| mean gain ≥ {TARGETS['mean_gain_points']:g} points | "
+               f"{fig(checks['mean_gain']['value'], 'targets.checks.mean_gain.value', '+.1f')} | {yes['mean_gain']} |")  # fmt: skip
+    lows = ", ".join(fig(v, f"targets.checks.every_seed_interval_above_0.value.{i}", ".1f")
+                     for i, v in enumerate(checks["every_seed_interval_above_0"]["value"]))  # fmt: skip
+    out.append(f"| each seed's paired 95 % interval above 0 | lower ends {lows} | {yes['every_seed_interval_above_0']} |")  # fmt: skip
+    cuts = ", ".join(pct(r["tool_calls_solved_cut_frac"], f"seeds.{i}.tool_calls_solved_cut_frac") for i, r in enumerate(rows))  # fmt: skip
+    out.append(f"| calls per solved task ≥ {100 * TARGETS['calls_cut_frac']:g} % below the warm start, every seed | {cuts} | {yes['calls_cut_every_seed']} |")  # fmt: skip
+    out.append(f"| no tier's accuracy falls | {'falls: ' + '; '.join(fell) if fell else f'none of {n} seeds × {len(tiers)} tiers'} | {yes['no_tier_falls']} |")  # fmt: skip
+    mixed = ", ".join(pct(r["mixed_version_frac"], f"seeds.{i}.mixed_version_frac") for i, r in enumerate(rows))  # fmt: skip
+    out.append(f"| ≥ {100 * TARGETS['mixed_version_frac']:g} % of trained trajectories span ≥ 2 versions, every seed | {mixed} | {yes['mixed_every_seed']} |")  # fmt: skip
+    out.append(f"| second world: mean gain ≥ {TARGETS['second_world_mean_gain_points']:g} points | "
+               f"{fig(checks['second_world_mean_gain']['value'], 'targets.checks.second_world_mean_gain.value', '+.1f')} | {yes['second_world_mean_gain']} |")  # fmt: skip
+    return "\n".join(out) + "\n"

@@ -11,6 +11,7 @@ also writes the result with its commit, config, machine, date and seeds
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -235,6 +236,12 @@ def bench_learning(
         res = rec.get("result", rec)
         if c.plot:
             plot_learning(res, c.plot)
+        if c.markdown:  # the figures link from docs/ to the record
+            from provrl.bench.learning_report import learning_markdown
+
+            link = os.path.relpath(src.resolve(), Path("docs").resolve())
+            typer.echo(learning_markdown(res, link=link), nl=False)
+            return
         typer.echo(json.dumps(targets(res), indent=None if as_json else 2))
         return
     res = run_learning_benchmark(

@@ -209,6 +209,11 @@ class LearningBenchConfig(Section):
         "reuses (linked into RUNS/shared; its warm start is still evaluated on test). Empty: "
         "built here.",
     )
+    markdown: bool = Field(
+        False,
+        description="With --from-record FILE: print the docs' tables of the record instead "
+        "(per seed and the targets, every figure a link into FILE as docs/ quotes results).",
+    )
     keep: str = Field(
         "",
         description="A folder (under results/, committed) where each finished piece is kept "

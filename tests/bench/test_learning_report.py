@@ -223,3 +223,28 @@ def test_a_record_read_back_from_json_with_nulls_is_checked_and_drawn(tmp_path):
     assert not t["checks"]["calls_cut_every_seed"]["holds"]
     assert t["checks"]["mean_gain"]["holds"]  # from the rows, not the stored mean
     assert plot_learning(rec, tmp_path / "l.png").stat().st_size > 10_000
+
+
+def test_the_docs_tables_link_every_figure_to_the_record(tmp_path):
+    """learning_markdown: the per-seed and targets tables of a record, each figure a link
+    that tests/test_results.py's checks accept against the record (and none unlinked)."""
+    import json
+
+    from provrl.bench.learning_report import learning_markdown
+    from provrl.bench.results import check_figure_links, run_record, unlinked_figures
+
+    rec = _record()
+    rec["seeds"][1]["per_tier"]["2"]["gain_points"] = -4.0  # a tier that fell
+    rec["seeds"][2]["tool_calls_solved_cut_frac"] = None  # NaN in the record: no link
+    rec["targets"] = targets(rec)
+    (tmp_path / "results").mkdir()
+    rec = run_record("learning", rec, config={"seeds": 3}, seeds=[0, 1, 2])
+    (tmp_path / "results" / "learning.json").write_text(json.dumps(rec))
+    doc = tmp_path / "docs" / "pipeline.md"
+    text = learning_markdown(rec)
+    assert check_figure_links(doc, text, tmp_path) == []
+    assert unlinked_figures(doc, "## Measured results\n\n" + text) == []
+    assert "[+20.0](../results/learning.json#seeds.0.accuracy_gain_points)" in text
+    assert "[30](../results/learning.json#seeds.0.tool_calls_solved_cut_frac*100) %" in text
+    assert "falls: seed 1 tier 2 | no |" in text
+    assert "accuracy) | – | [22](" in text  # seed 2's cut is NaN: shown as –, no link
