@@ -11,8 +11,9 @@ same seeds (``pipeline.loop.seed = rl.seed = r``). No evaluation: only the stage
 Per run (``arms[name].runs``): the stage's wall seconds, trajectories trained per second,
 generated tokens per second (the engine's counter over the stage's wall time), the trainer's
 idle share and the engine's busy share, the median trainer step, the share of trained
-trajectories whose action tokens span two versions, and the training batches' accuracy
-(a sanity check that the arms learn alike, not an evaluation). Per arm: medians over
+trajectories whose action tokens span two versions, the training batches' accuracy
+(a sanity check that the arms learn alike, not an evaluation) and the stage's ``threads``
+(the split, the lent count, the learner's micro-batches on its own or borrowed threads). Per arm: medians over
 repeats. Top level: ``wall_ratio`` of every arm's median wall time over the first arm's, and
 ``wall_ratio_per_repeat`` (each repeat's paired ratio).
 
@@ -69,6 +70,7 @@ def run_row(summary: dict[str, Any], steps: list[dict[str, Any]], repeat: int) -
         "trainer_step_s_median": round(statistics.median(step_s), 2) if step_s else None,
         "mixed_version_frac": round(mixed / trained, 3) if trained else 0.0,
         "batch_accuracy_mean": round(statistics.fmean(acc), 3) if acc else None,
+        "threads": summary.get("threads", {}),  # the split, lending, borrowed micro-batches
     }
 
 

@@ -52,4 +52,6 @@ def test_tiny_arms_side_by_side(tmp_path):
         assert [x["repeat"] for x in runs] == [0, 1]
         assert all(x["trajectories_trained"] == 8 for x in runs)  # 1 step x 2 groups x 4
         assert all(x["wall_s"] > 0 and x["trajectories_per_s"] > 0 for x in runs)
+    # each run says how its cores were shared (neither arm borrows the engine's core)
+    assert r["arms"]["lend"]["runs"][0]["threads"]["borrowed"] == 0
     assert (tmp_path / "runs" / "lend-r1" / "rl" / "steps.jsonl").exists()
