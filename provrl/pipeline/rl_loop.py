@@ -19,7 +19,8 @@ Two orchestrations of the same three roles — collector (actor), trainer (learn
     when a step finishes: commit checkpoint u+1, then engine.load_weights(θ_{u+1}, mode="keep")
         — between two decode steps; in-flight requests keep their KV and continue under u+1.
     with ``split_cores`` the engine and the learner hold a core each; with ``lend_cores`` the
-        engine also takes the learner's while the learner waits for a batch.
+        engine also takes the learner's while the learner waits for a batch, with
+        ``borrow_cores`` the learner the engine's for a micro-batch while the engine idles.
 
 The curriculum picks each group's task (:mod:`~provrl.pipeline.curriculum`); a group without
 signal (all rewards equal) is never trained. Per-token provenance (version, log q, kept mass,
