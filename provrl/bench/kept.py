@@ -6,7 +6,7 @@ machine may come back fresh: no ``runs/``. Checkpoints (hundreds of MB) cannot b
 but what the record is made of can: each finished piece (the warm start's evaluations, a
 seed's row) as a small JSON file in a folder under ``results/`` that is committed::
 
-    KEEP/warmstart.json         {"identity": …, "commit": …, "date": …, "value": {…}}
+    KEEP/warmstart.json         {"identity": …, "value": {…}, "commit": …, "date": …, "machine": …}
     KEEP/world2-warmstart.json
     KEEP/seed-0.json
     KEEP/shared-probe.tar.gz    the probe's and the filter's directories (+ .json: identity)
@@ -27,12 +27,12 @@ import hashlib
 import json
 import os
 import tarfile
-import time
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from provrl._sys import file_sha256, git_state, write_json
+from provrl._sys import file_sha256, write_json
+from provrl.bench.results import run_record
 from provrl.models.loading import policy_fingerprint
 
 
@@ -91,18 +91,15 @@ class Kept:
         return value
 
     def put(self, name: str, value: Any) -> None:
-        """Keep ``value`` as ``name`` (atomically), with the identity, commit and date."""
+        """Keep ``value`` as ``name`` (atomically), with the identity and a results file's
+        provenance (:func:`~provrl.bench.results.run_record`)."""
         path = self.path(name)
         if path is None:
             return
-        commit, dirty = git_state()
-        piece = {
-            "identity": self.identity,
-            "commit": commit,
-            "dirty": dirty,
-            "date": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
-            "value": value,
-        }
+        # the provenance every results file carries (commit, date, machine: the CPU kind a
+        # rebuild must match), beside the identity and the value
+        piece = run_record(f"kept {name}", {"identity": self.identity, "value": value},
+                           config={"folder": str(self.folder)}, seeds=[])  # fmt: skip
         write_json(path, piece)
 
     def put_dirs(self, name: str, root: Path, dirs: Sequence[str]) -> None:
@@ -112,11 +109,12 @@ class Kept:
         if path is None:
             return
         path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_name(f".{name}.tar.gz.tmp-{os.getpid()}")
+        final = archive_path(path.parent, name)
+        tmp = final.with_name(f".{final.name}.tmp-{os.getpid()}")
         with tarfile.open(tmp, "w:gz", compresslevel=9) as tar:
             for d in dirs:
                 tar.add(root / d, arcname=d)
-        os.replace(tmp, path.with_suffix(".tar.gz"))
+        os.replace(tmp, final)
         self.put(name, {"dirs": list(dirs)})
 
     def summary(self) -> dict[str, Any]:
@@ -128,13 +126,18 @@ class Kept:
         }
 
 
+def archive_path(folder: Path, name: str) -> Path:
+    """Where :meth:`Kept.put_dirs` keeps the directories of ``name``."""
+    return folder / f"{name}.tar.gz"
+
+
 def restore_dirs(folder: str | os.PathLike[str] | None, name: str, root: Path) -> list[str]:
     """Put the directories kept as ``folder/name.tar.gz`` (:meth:`Kept.put_dirs`) back into
     ``root``, unless ``root`` already holds one of them (a run that kept its own: nothing is
     overwritten). The directories restored (none without an archive)."""
     if not folder:
         return []
-    archive = Path(folder) / f"{name}.tar.gz"
+    archive = archive_path(Path(folder), name)
     if not archive.is_file():
         return []
     try:
