@@ -34,16 +34,29 @@ Latency: ``--latency-preset`` (default ``web-ai``; ``''`` = the preset file's
 ``--median-latency`` override its kind and median when given. Each seed draws its own
 latencies (``env.search.latency.seed``); evaluation runs without latency. On a CPU that
 generates a turn far slower than the deployment the preset describes, dilate the latency (and
-the call's deadline) by that factor: ``--set env.search.latency.time_scale=N`` (docs/env.md §3).
+the call's deadline) by that factor: ``--time-scale N`` (``env.search.latency.time_scale``,
+docs/env.md §3; set on the RL runs only, so the shared stages stay the default preset's).
+
+``--keep DIR`` (a folder under ``results/``, committed) keeps each finished run (a mode and a
+seed: its row, its dev tasks' accuracies and the simulator's inputs) and the warm start's curve
+point as small JSON pieces, and the probe and filter as an archive (:mod:`provrl.bench.kept`).
+The benchmark takes longer than one session of a 2-core machine, and a machine may come back
+without ``runs/``: a rerun rebuilds the world and the warm start, puts the probe and filter
+back, checks that the pieces were measured from the same build and the same benchmark
+settings (``settings``: every flag that changes a run), and runs only what is missing. Copy a
+learning benchmark's ``shared-probe.*`` into DIR to skip the probe when the warm start is the
+same (the identity check refuses it otherwise).
 
     python benchmarks/async_vs_sync.py --json                      # tiny model, quick preset
-    python benchmarks/async_vs_sync.py --preset default --seeds 3 --steps 6 \\
+    python benchmarks/async_vs_sync.py --preset default --seeds 3 --steps 6 --time-scale 30 \\
+        --keep results/async-vs-sync-parts \\
         --results results/async_vs_sync.json --plot docs/img/async_vs_sync.png --json
 """
 
 from __future__ import annotations
 
 import argparse
+import hashlib
 import json
 import shutil
 import statistics
@@ -52,14 +65,17 @@ from typing import Any
 
 from provrl.bench.agent_runs import (
     Measured,
+    SharedStart,
     episode_inputs,
     evaluate_policy,
     rl_from_shared,
     shared_start,
 )
+from provrl.bench.kept import Kept, restore_dirs, shared_identity
 from provrl.bench.results import write_script_result
 from provrl.bench.sim_check import check_against_simulator
 from provrl.bench.stats import equivalence_report
+from provrl.config import load_config
 from provrl.run_config.run import RunConfig
 from provrl.trajlog import read_all
 
@@ -115,43 +131,75 @@ def add_histograms(hs: list[dict[str, int]]) -> dict[str, int]:
     return {str(k): out[k] for k in sorted(out)}
 
 
-def latency_sets(preset: str, kind: str | None, median_s: float | None, seed: int) -> list[str]:
+def latency_sets(
+    preset: str,
+    kind: str | None,
+    median_s: float | None,
+    seed: int,
+    time_scale: float | None = None,
+) -> list[str]:
     """The ``--set`` overrides of the latency model: the preset, then explicit fields (which
-    win over the preset's, as ``LatencyConfig`` reads them), then the seed."""
+    win over the preset's, as ``LatencyConfig`` reads them), the time scale, then the seed."""
     sets = [f"env.search.latency.preset={preset}"] if preset else []
     if kind is not None:
         sets.append(f"env.search.latency.kind={kind}")
     if median_s is not None:
         sets.append(f"env.search.latency.median_s={median_s}")
+    if time_scale is not None:
+        sets.append(f"env.search.latency.time_scale={time_scale}")
     return [*sets, f"env.search.latency.seed={seed}"]
 
 
-def measured_inputs(cfg: RunConfig, ms: list[Measured], logs: list[Path]) -> dict[str, Any]:
-    """One mode's measured inputs of the simulator, pooled over its seeds (module docstring)."""
+def run_inputs(m: Measured, log: Path) -> dict[str, Any]:
+    """One run's inputs of the simulator (JSON, kept with the run's piece): its episodes
+    (:func:`~provrl.bench.agent_runs.episode_inputs`), trainer steps, saves, loads and engine
+    counters."""
+    return {
+        "episodes": episode_inputs(log),
+        "wall_s": float(m.summary["wall_s"]),
+        "trainer_step_s": [float(s["step_s"]) for s in m.steps if "step_s" in s],
+        "save_s": list(m.save_s),
+        "load_s": list(m.load_s),
+        "engine": dict(m.engine),
+    }
+
+
+def measured_inputs(cfg: RunConfig, runs: list[dict[str, Any]]) -> dict[str, Any]:
+    """One mode's measured inputs of the simulator, pooled over its seeds' :func:`run_inputs`
+    (module docstring)."""
     eps: dict[str, list[Any]] = {"turn_tokens": [], "waits": [], "tool_latency_s": [], "episode_s": []}  # fmt: skip
-    for log in logs:
-        for k, v in episode_inputs(log).items():
-            eps[k].extend(v)
-    steps_s = [float(s["step_s"]) for m in ms for s in m.steps if "step_s" in s]
-    busy = sum(m.engine.get("busy_s", 0.0) for m in ms)
-    n_steps = sum(m.engine.get("steps", 0.0) for m in ms)
-    tokens = sum(m.engine.get("tokens_generated", 0.0) for m in ms)
+    for r in runs:
+        for k in eps:
+            eps[k].extend(r["episodes"][k])
+    busy = sum(r["engine"].get("busy_s", 0.0) for r in runs)
+    n_steps = sum(r["engine"].get("steps", 0.0) for r in runs)
+    tokens = sum(r["engine"].get("tokens_generated", 0.0) for r in runs)
     loop = cfg.pipeline.loop
     return {
         "concurrency": loop.concurrency,
         "batch": loop.groups_per_step * loop.k,
         "steps": loop.steps,
         "max_lag": loop.max_lag,
-        "replicas": int(ms[0].engine.get("replicas", 1.0)),
-        "wall_s": [float(m.summary["wall_s"]) for m in ms],
-        "trainer_step_s": steps_s,
-        "save_s": [x for m in ms for x in m.save_s],
-        "load_s": [x for m in ms for x in m.load_s],
+        "replicas": int(runs[0]["engine"].get("replicas", 1.0)),
+        "wall_s": [r["wall_s"] for r in runs],
+        "trainer_step_s": [x for r in runs for x in r["trainer_step_s"]],
+        "save_s": [x for r in runs for x in r["save_s"]],
+        "load_s": [x for r in runs for x in r["load_s"]],
         "engine_step_s": busy / n_steps if n_steps else None,
         "engine_rows_per_step": tokens / n_steps if n_steps else None,
         "episodes": len(eps["turn_tokens"]),
         **eps,
     }
+
+
+def settings_digest(args: argparse.Namespace) -> str:
+    """sha256 of every flag that changes a run's figures (not ``--seeds``: more seeds add
+    pieces; not the threshold or margin: they only change the summary)."""
+    keys = ("preset", "model", "steps", "latency_preset", "latency", "median_latency",
+            "time_scale", "dev_tasks", "dev_k", "curve_every", "curve_dev_tasks", "curve_k",
+            "overrides")  # fmt: skip
+    blob = json.dumps({k: getattr(args, k) for k in keys}, sort_keys=True)
+    return "sha256:" + hashlib.sha256(blob.encode()).hexdigest()
 
 
 def main(argv: list[str] | None = None) -> dict[str, Any]:
@@ -165,6 +213,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
                     help="env.search.latency.preset ('' = the config's latency as it is)")  # fmt: skip
     ap.add_argument("--latency", default=None, choices=["none", "lognormal", "pareto"],
                     help="override the latency kind")  # fmt: skip
+    ap.add_argument("--time-scale", type=float, default=None,
+                    help="env.search.latency.time_scale of the RL runs (docs/env.md §3)")  # fmt: skip
     ap.add_argument("--median-latency", type=float, default=None, help="override the median (s)")  # fmt: skip
     ap.add_argument("--dev-tasks", type=int, default=64, help="dev tasks of the final evaluation")  # fmt: skip
     ap.add_argument("--dev-k", type=int, default=4, help="samples per dev task (final)")
@@ -180,6 +230,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
                     help="an existing run directory (warm start, probe, filter) to start "
                     "from instead of running them")  # fmt: skip
     ap.add_argument("--out", type=Path, default=Path("runs/async_vs_sync"))
+    ap.add_argument("--keep", type=Path, default=None,
+                    help="a folder (under results/) keeping each finished run (module docstring)")  # fmt: skip
     ap.add_argument("--results", type=Path, default=None, help="also write the JSON here")
     ap.add_argument("--plot", type=Path, default=None, help="the accuracy-vs-wall-clock PNG")
     ap.add_argument("--set", dest="overrides", action="append", default=[])
@@ -189,67 +241,50 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     sets = [*args.overrides, f"pipeline.loop.steps={args.steps}", "pipeline.eval.policies=[]"]
     if args.model:
         sets.append(f"model.name={args.model}")
-    # 1. one shared warm start, probe and filter (RL with 0 steps, no eval)
-    shared = shared_start(args.preset, sets, args.shared or args.out / "shared",
-                          reuse=args.shared is not None)  # fmt: skip
+    # 1. one shared warm start, probe and filter (RL with 0 steps, no eval); on a machine that
+    # lost its runs, the kept probe and filter are put back first (no second probe)
+    root = args.shared or args.out / "shared"
+    if args.shared is None and restore_dirs(args.keep, "shared-probe", root):
+        print(f"[async_vs_sync] the probe and filter kept in {args.keep} put back", flush=True)
+    shared = shared_start(args.preset, sets, root, reuse=args.shared is not None)
     cfg0, world, start = shared.cfg, shared.world, shared.start
+    identity = shared_identity(root)
+    probe = Kept(args.keep, identity)  # the probe's piece: the build only (a learning one fits)
+    if args.shared is None and probe.get("shared-probe") is None:
+        probe.put_dirs("shared-probe", root, ("probe", "filter"))
+    kept = Kept(args.keep, identity | {"settings": settings_digest(args)})
     curve0 = None
     if args.curve_every:
-        ev0 = evaluate_policy(start, world, cfg0, args.out / "curve-v0",
-                              n=args.curve_dev_tasks, k=args.curve_k)  # fmt: skip
-        curve0 = ev0["accuracy"]
+        curve0 = kept.get("curve-v0")
+        if curve0 is None:
+            curve0 = evaluate_policy(start, world, cfg0, args.out / "curve-v0",
+                                     n=args.curve_dev_tasks, k=args.curve_k)["accuracy"]  # fmt: skip
+            kept.put("curve-v0", curve0)
 
     rows: dict[str, list[dict[str, Any]]] = {m: [] for m in MODES}
     task_acc: dict[str, list[dict[str, float]]] = {m: [] for m in MODES}
-    measured: dict[str, list[Measured]] = {m: [] for m in MODES}
-    logs: dict[str, list[Path]] = {m: [] for m in MODES}
+    inputs: dict[str, list[dict[str, Any]]] = {m: [] for m in MODES}
     cfgs: dict[str, RunConfig] = {}
     for seed in range(args.seeds):
         for mode in MODES:  # interleaved, so machine load hits both alike
-            d = args.out / f"{mode}-s{seed}"
-            lat = latency_sets(args.latency_preset, args.latency, args.median_latency, seed)
-            every = args.curve_every
-            versions = {v for v in range(1, args.steps + 1) if every and (v % every == 0 or v == args.steps)}  # fmt: skip
-            cfg, m = rl_from_shared(shared, args.preset, [*sets, f"pipeline.loop.mode={mode}", f"seed={seed}", *lat],
-                                    d, keep_dir=d / "kept", keep=versions)  # fmt: skip
-            cfgs[mode] = cfg
-            s = m.summary
-            ev = evaluate_policy(s["checkpoint"], world, cfg, d / "dev-eval",
-                                 n=args.dev_tasks, k=args.dev_k)  # fmt: skip
-            task_acc[mode].append(ev["per_task"])
-            measured[mode].append(m)
-            logs[mode].append(d / "rl" / "trajectories.jsonl")
-            curve: list[list[float]] = []
-            if args.curve_every and curve0 is not None:
-                curve.append([0.0, 0.0, curve0])
-                wall = {int(r["version"]): float(r["wall_s"]) for r in m.steps}
-                for v, path in sorted(m.checkpoints.items()):
-                    e = evaluate_policy(str(path), world, cfg, d / f"curve-v{v}",
-                                        n=args.curve_dev_tasks, k=args.curve_k)  # fmt: skip
-                    curve.append([wall.get(v, float(s["wall_s"])), float(v), e["accuracy"]])
-            shutil.rmtree(d / "kept", ignore_errors=True)  # a model's size per version
-            rows[mode].append(
-                {
-                    "seed": seed,
-                    "wall_s": round(s["wall_s"], 2),
-                    "trajectories_trained": s["trajectories_trained"],
-                    "trajectories_generated": int(s.get("collector", {}).get("episodes", 0)),
-                    "trajectories_per_s": round(s["trajectories_trained"] / s["wall_s"], 3),
-                    "engine_idle_frac": round(1 - s["engine_busy_frac"], 3),
-                    "trainer_idle_frac": round(s["trainer_idle_frac"], 3),
-                    "dev_accuracy": round(ev["accuracy"], 4),
-                    "dev_mean_reward": round(ev["mean_reward"], 4),
-                    "groups_dropped_stale": s["groups_dropped_stale"],
-                    "lag_histogram": lag_histogram(m.steps),
-                    "engine": m.engine,
-                    "save_s": [round(x, 3) for x in m.save_s],
-                    "load_s": [round(x, 3) for x in m.load_s],
-                    "curve": curve,
-                }
-            )
+            lat = latency_sets(args.latency_preset, args.latency, args.median_latency, seed,
+                               args.time_scale)  # fmt: skip
+            run_sets = [*sets, f"pipeline.loop.mode={mode}", f"seed={seed}", *lat]
+            cfgs[mode] = load_config(RunConfig, args.preset, run_sets)
+            piece = kept.get(f"{mode}-s{seed}")
+            if piece is None:
+                piece = one_run(args, shared, run_sets, mode, seed, curve0)
+                kept.put(f"{mode}-s{seed}", piece)
+            else:
+                print(f"[async_vs_sync] {mode} seed {seed}: kept in {kept.path(f'{mode}-s{seed}')}",
+                      flush=True)  # fmt: skip
+            rows[mode].append(piece["row"])
+            task_acc[mode].append(piece["per_task"])
+            inputs[mode].append(piece["inputs"])
 
     result = summarise(args, cfg0, rows, task_acc, curve0)
-    result["measured"] = {mode: measured_inputs(cfgs[mode], measured[mode], logs[mode]) for mode in MODES}  # fmt: skip
+    result["measured"] = {mode: measured_inputs(cfgs[mode], inputs[mode]) for mode in MODES}
+    result["kept"] = kept.summary() | {"read": probe.read + kept.read}
     result["latency"] = cfgs["sync"].env.search.latency.model_dump(mode="json") | {
         "preset_flag": args.latency_preset
     }
@@ -260,6 +295,53 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         write_script_result(args.results, "async_vs_sync", result, args)
     print(json.dumps(result, indent=None if args.json else 2))
     return result
+
+
+def one_run(
+    args: argparse.Namespace,
+    shared: SharedStart,
+    run_sets: list[str],
+    mode: str,
+    seed: int,
+    curve0: float | None,
+) -> dict[str, Any]:
+    """One mode and seed: its RL stage from a copy of the shared start, the final policy's dev
+    evaluation and the curve's evaluations. Its piece: the row, each dev task's accuracy and
+    the simulator's inputs (:func:`run_inputs`)."""
+    d = args.out / f"{mode}-s{seed}"
+    every = args.curve_every
+    versions = {v for v in range(1, args.steps + 1) if every and (v % every == 0 or v == args.steps)}  # fmt: skip
+    cfg, m = rl_from_shared(shared, args.preset, run_sets, d, keep_dir=d / "kept", keep=versions)
+    s = m.summary
+    ev = evaluate_policy(s["checkpoint"], shared.world, cfg, d / "dev-eval",
+                         n=args.dev_tasks, k=args.dev_k)  # fmt: skip
+    curve: list[list[float]] = []
+    if every and curve0 is not None:
+        curve.append([0.0, 0.0, curve0])
+        wall = {int(r["version"]): float(r["wall_s"]) for r in m.steps}
+        for v, path in sorted(m.checkpoints.items()):
+            e = evaluate_policy(str(path), shared.world, cfg, d / f"curve-v{v}",
+                                n=args.curve_dev_tasks, k=args.curve_k)  # fmt: skip
+            curve.append([wall.get(v, float(s["wall_s"])), float(v), e["accuracy"]])
+    shutil.rmtree(d / "kept", ignore_errors=True)  # a model's size per version
+    row = {
+        "seed": seed,
+        "wall_s": round(s["wall_s"], 2),
+        "trajectories_trained": s["trajectories_trained"],
+        "trajectories_generated": int(s.get("collector", {}).get("episodes", 0)),
+        "trajectories_per_s": round(s["trajectories_trained"] / s["wall_s"], 3),
+        "engine_idle_frac": round(1 - s["engine_busy_frac"], 3),
+        "trainer_idle_frac": round(s["trainer_idle_frac"], 3),
+        "dev_accuracy": round(ev["accuracy"], 4),
+        "dev_mean_reward": round(ev["mean_reward"], 4),
+        "groups_dropped_stale": s["groups_dropped_stale"],
+        "lag_histogram": lag_histogram(m.steps),
+        "engine": m.engine,
+        "save_s": [round(x, 3) for x in m.save_s],
+        "load_s": [round(x, 3) for x in m.load_s],
+        "curve": curve,
+    }
+    return {"row": row, "per_task": ev["per_task"], "inputs": run_inputs(m, d / "rl" / "trajectories.jsonl")}  # fmt: skip
 
 
 def summarise(

@@ -1,11 +1,15 @@
 """benchmarks/async_vs_sync.py (provrl/bench/async_vs_sync.py) end to end on the tiny model,
 one step and one seed: the JSON has what issue 35 asks for, strict on-policy drained and
 reset its caches at every step (engine counters), hot-load did neither, both modes trained
-the same samples, and the latency preset reached the runs."""
+the same samples, and the latency preset reached the runs. With ``--keep`` a rerun on a
+machine that lost ``runs/`` reads every finished run back and measures nothing again."""
 
 from __future__ import annotations
 
 import json
+import shutil
+
+import pytest
 
 from provrl.bench import async_vs_sync as avs
 from provrl.env.config import LATENCY_PRESETS
@@ -21,6 +25,9 @@ def test_helpers():
         "env.search.latency.preset=web-ai", "env.search.latency.seed=2"]  # fmt: skip
     assert avs.latency_sets("", "pareto", 0.3, 0)[:2] == [
         "env.search.latency.kind=pareto", "env.search.latency.median_s=0.3"]  # fmt: skip
+    assert (
+        avs.latency_sets("web-ai", None, None, 0, 30.0)[1] == "env.search.latency.time_scale=30.0"
+    )
 
 
 def test_tiny_run_reports_everything(tmp_path):
@@ -28,7 +35,8 @@ def test_tiny_run_reports_everything(tmp_path):
     argv = ["--steps", "1", "--seeds", "1", "--dev-tasks", "3", "--dev-k", "1",
             "--curve-dev-tasks", "2", "--curve-k", "1", "--out", str(out),
             "--results", str(tmp_path / "r.json"), "--plot", str(tmp_path / "c.png"),
-            "--set", "pipeline.tasks.warmstart=4", "--json"]  # fmt: skip
+            "--set", "pipeline.tasks.warmstart=4", "--time-scale", "2", "--json",
+            "--keep", str(tmp_path / "keep")]  # fmt: skip
     r = avs.main(argv)
     assert json.loads((tmp_path / "r.json").read_text())["steps"] == 1
     assert (tmp_path / "c.png").stat().st_size > 0
@@ -36,6 +44,7 @@ def test_tiny_run_reports_everything(tmp_path):
     assert r["wall_ratio_async_over_sync"] > 0 and "power_at_n" in r["accuracy_equivalence"]
     assert r["latency"]["preset"] == "web-ai"
     assert r["latency"]["median_s"] == LATENCY_PRESETS["web-ai"]["median_s"]
+    assert r["latency"]["time_scale"] == 2.0
     sync, asy = r["modes"]["sync"], r["modes"]["async"]
     assert sync["engine"]["drains"] == sync["engine"]["cache_resets"] == 1  # 1 step, 1 seed
     assert asy["engine"]["drains"] == asy["engine"]["cache_resets"] == 0
@@ -54,3 +63,17 @@ def test_tiny_run_reports_everything(tmp_path):
     check = check_against_simulator(r, seeds=1)  # the JSON is the simulator's input as it is
     assert r["simulator_check"]["measured_ratio"] == r["wall_ratio_async_over_sync"]
     assert check["predicted_ratio"] > 0 and isinstance(check["within"], bool)
+
+    # a machine that lost runs/: every finished run is read back from the kept folder, the
+    # probe is put back, and the record is the same
+    shutil.rmtree(out)
+    again = avs.main(argv)
+    assert again["kept"]["read"] == ["shared-probe", "curve-v0", "sync-s0", "async-s0"]
+    assert (
+        not (out / "sync-s0").exists() and not (out / "shared" / "probe" / "done.json").is_symlink()
+    )
+    assert again["modes"] == r["modes"] and again["measured"] == r["measured"]
+    # another setting of the benchmark is refused in one line, never mixed in
+    shutil.rmtree(out)
+    with pytest.raises(ValueError, match=r"curve-v0\.json: measured from another build.*settings"):
+        avs.main([*argv, "--dev-k", "2"])
