@@ -12,7 +12,8 @@
   copied: the loop prunes older checkpoints, the links keep them), to evaluate afterwards;
   the optimizer state is not kept.
 
-:func:`rl_from_shared` runs one measured RL stage from a copy of a shared warm start (the
+:func:`kept_shared_start` is :func:`shared_start` for a benchmark that keeps its finished
+runs across machines. :func:`rl_from_shared` runs one measured RL stage from a copy of a shared warm start (the
 benchmarks' loop body). :func:`evaluate_policy` scores one policy on the dev split (accuracy, mean reward, per task)
 with the tool latency off and a fixed sampling seed, so two checkpoints are compared on
 the same tasks with the same random numbers. :func:`episode_inputs` reads from a stage's
@@ -25,11 +26,12 @@ from __future__ import annotations
 import json
 import os
 import time
-from collections.abc import Container, Sequence
+from collections.abc import Container, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from provrl.bench.kept import Kept, restore_dirs, settings_digest, shared_identity
 from provrl.config import load_config
 from provrl.env.build import ensure_world
 from provrl.env.tasks import Task
@@ -103,6 +105,34 @@ def shared_start(preset: str, sets: Sequence[str], root: Path, *, reuse: bool) -
     world = ensure_world(cfg.env.world)
     start = json.loads((root / "warmstart" / "done.json").read_text())["checkpoint"]
     return SharedStart(cfg, root, world, str(start))
+
+
+def kept_shared_start(
+    preset: str,
+    sets: Sequence[str],
+    root: Path,
+    *,
+    reuse: bool,
+    keep: Path | None,
+    settings: Mapping[str, Any],
+) -> tuple[SharedStart, Kept]:
+    """:func:`shared_start`, for a benchmark whose finished runs are kept in ``keep``
+    (:mod:`provrl.bench.kept`; None: nothing kept): on a machine that lost ``root``, the kept
+    probe and filter are put back first (no second probe); a new probe is kept. The returned
+    :class:`Kept` reads and writes the runs' pieces under the build's identity plus a digest of
+    ``settings`` (every flag that changes a run), so a piece of another build or other flags is
+    refused. The probe's piece carries the build's identity only: a learning benchmark's
+    ``shared-probe`` of the same warm start fits."""
+    if not reuse and restore_dirs(keep, "shared-probe", root):
+        print(f"[bench] the probe and filter kept in {keep} put back", flush=True)
+    shared = shared_start(preset, sets, root, reuse=reuse)
+    identity = shared_identity(root)
+    probe = Kept(keep, identity)
+    if not reuse and probe.get("shared-probe") is None:
+        probe.put_dirs("shared-probe", root, ("probe", "filter"))
+    kept = Kept(keep, identity | {"settings": settings_digest(settings)})
+    kept.read.extend(probe.read)
+    return shared, kept
 
 
 def fresh_copy(shared: SharedStart, d: Path) -> RunDir:

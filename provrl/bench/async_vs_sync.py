@@ -56,7 +56,6 @@ same (the identity check refuses it otherwise).
 from __future__ import annotations
 
 import argparse
-import hashlib
 import json
 import shutil
 import statistics
@@ -68,10 +67,9 @@ from provrl.bench.agent_runs import (
     SharedStart,
     episode_inputs,
     evaluate_policy,
+    kept_shared_start,
     rl_from_shared,
-    shared_start,
 )
-from provrl.bench.kept import Kept, restore_dirs, shared_identity
 from provrl.bench.results import write_script_result
 from provrl.bench.sim_check import check_against_simulator
 from provrl.bench.stats import equivalence_report
@@ -80,6 +78,12 @@ from provrl.run_config.run import RunConfig
 from provrl.trajlog import read_all
 
 MODES = ("sync", "async")
+
+SETTINGS = ("preset", "model", "steps", "latency_preset", "latency", "median_latency",
+            "time_scale", "dev_tasks", "dev_k", "curve_every", "curve_dev_tasks", "curve_k",
+            "overrides")  # fmt: skip
+"""The flags that change a run's figures, whose digest is in a kept piece's identity (not
+``--seeds``: more seeds add pieces; not the threshold or margin: they only change the summary)."""
 
 
 def per_task_accuracy(log: Path) -> dict[str, float]:
@@ -192,16 +196,6 @@ def measured_inputs(cfg: RunConfig, runs: list[dict[str, Any]]) -> dict[str, Any
     }
 
 
-def settings_digest(args: argparse.Namespace) -> str:
-    """sha256 of every flag that changes a run's figures (not ``--seeds``: more seeds add
-    pieces; not the threshold or margin: they only change the summary)."""
-    keys = ("preset", "model", "steps", "latency_preset", "latency", "median_latency",
-            "time_scale", "dev_tasks", "dev_k", "curve_every", "curve_dev_tasks", "curve_k",
-            "overrides")  # fmt: skip
-    blob = json.dumps({k: getattr(args, k) for k in keys}, sort_keys=True)
-    return "sha256:" + hashlib.sha256(blob.encode()).hexdigest()
-
-
 def main(argv: list[str] | None = None) -> dict[str, Any]:
     ap = argparse.ArgumentParser(description=(__doc__ or "").split("\n\n")[0])
     ap.add_argument("--preset", default="quick")
@@ -241,18 +235,12 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     sets = [*args.overrides, f"pipeline.loop.steps={args.steps}", "pipeline.eval.policies=[]"]
     if args.model:
         sets.append(f"model.name={args.model}")
-    # 1. one shared warm start, probe and filter (RL with 0 steps, no eval); on a machine that
-    # lost its runs, the kept probe and filter are put back first (no second probe)
-    root = args.shared or args.out / "shared"
-    if args.shared is None and restore_dirs(args.keep, "shared-probe", root):
-        print(f"[async_vs_sync] the probe and filter kept in {args.keep} put back", flush=True)
-    shared = shared_start(args.preset, sets, root, reuse=args.shared is not None)
+    # 1. one shared warm start, probe and filter (RL with 0 steps, no eval), with the pieces
+    # kept in --keep (on a machine that lost its runs: the probe put back, finished runs read)
+    shared, kept = kept_shared_start(args.preset, sets, args.shared or args.out / "shared",
+                                     reuse=args.shared is not None, keep=args.keep,
+                                     settings={k: getattr(args, k) for k in SETTINGS})  # fmt: skip
     cfg0, world, start = shared.cfg, shared.world, shared.start
-    identity = shared_identity(root)
-    probe = Kept(args.keep, identity)  # the probe's piece: the build only (a learning one fits)
-    if args.shared is None and probe.get("shared-probe") is None:
-        probe.put_dirs("shared-probe", root, ("probe", "filter"))
-    kept = Kept(args.keep, identity | {"settings": settings_digest(args)})
     curve0 = None
     if args.curve_every:
         curve0 = kept.get("curve-v0")
@@ -284,7 +272,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
 
     result = summarise(args, cfg0, rows, task_acc, curve0)
     result["measured"] = {mode: measured_inputs(cfgs[mode], inputs[mode]) for mode in MODES}
-    result["kept"] = kept.summary() | {"read": probe.read + kept.read}
+    result["kept"] = kept.summary()
     result["latency"] = cfgs["sync"].env.search.latency.model_dump(mode="json") | {
         "preset_flag": args.latency_preset
     }

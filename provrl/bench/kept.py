@@ -27,7 +27,7 @@ import hashlib
 import json
 import os
 import tarfile
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -56,6 +56,13 @@ def pools_digest(shared: Path) -> str:
     for p in sorted((shared / "filter").glob("*.jsonl")):
         h.update(f"{p.name}:{file_sha256(p)};".encode())
     return "sha256:" + h.hexdigest()
+
+
+def settings_digest(settings: Mapping[str, Any]) -> str:
+    """sha256 of a benchmark's settings (JSON, keys sorted): with it in the identity, a piece
+    measured under other flags is refused instead of mixed in."""
+    blob = json.dumps(dict(settings), sort_keys=True, default=str)
+    return "sha256:" + hashlib.sha256(blob.encode()).hexdigest()
 
 
 class Kept:

@@ -25,8 +25,16 @@ and realised over all its steps and seeds, their mean ratio, mean KLs, final dev
 and accuracy gained per wall-second. The step records come from ``rl/steps.jsonl``; the loop
 itself is not changed.
 
+``--time-scale N`` dilates the RL runs' search latency (``env.search.latency.time_scale``,
+docs/env.md §3). ``--keep DIR`` (under ``results/``, committed) keeps each finished run and the
+warm start's fresh evaluation as small pieces, and the probe + filter as an archive, so the
+benchmark (12 RL stages at its defaults) can be spread over sessions of a machine that may come
+back without ``runs/`` (:func:`provrl.bench.agent_runs.kept_shared_start`; async_vs_sync's
+docstring says how a rerun reads them back).
+
     python benchmarks/trpo_agent.py --json                    # tiny model, quick preset
-    python benchmarks/trpo_agent.py --preset default --steps 8 --seeds 2 \\
+    python benchmarks/trpo_agent.py --preset default --steps 8 --seeds 2 --time-scale 30 \\
+        --keep results/trpo-agent-parts \\
         --results results/trpo_agent.json --plot docs/img/trpo_agent.png --json
 """
 
@@ -41,12 +49,22 @@ from typing import Any
 
 import numpy as np
 
-from provrl.bench.agent_runs import evaluate_policy, rl_from_shared, shared_start
+from provrl.bench.agent_runs import (
+    SharedStart,
+    evaluate_policy,
+    kept_shared_start,
+    rl_from_shared,
+)
 from provrl.bench.async_vs_sync import latency_sets
 from provrl.bench.results import write_script_result
 
 OPTIMIZERS = {"trpo": "trpo", "grpo": "adamw"}
 """Benchmark name → ``rl.optimizer``."""
+
+SETTINGS = ("preset", "model", "steps", "latency_preset", "time_scale", "fresh_tasks",
+            "fresh_k", "overrides")  # fmt: skip
+"""The flags that change a run's figures (their digest is in a kept piece's identity; not
+``--seeds``, ``--max-lags``, ``--optimizers``: they choose which pieces exist)."""
 
 
 def _num(x: Any) -> float | None:
@@ -131,11 +149,15 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     ap.add_argument("--optimizers", default="trpo,grpo", help="of: trpo, grpo (clipped, AdamW)")
     ap.add_argument("--latency-preset", default="web-ai",
                     choices=["", "web-fast", "web-ai", "web-serp"])  # fmt: skip
+    ap.add_argument("--time-scale", type=float, default=None,
+                    help="env.search.latency.time_scale of the RL runs (docs/env.md §3)")  # fmt: skip
     ap.add_argument("--fresh-tasks", type=int, default=32, help="dev tasks of each evaluation")
     ap.add_argument("--fresh-k", type=int, default=4, help="samples per task")
     ap.add_argument("--shared", type=Path, default=None,
                     help="an existing run directory (warm start, probe, filter) to start from")  # fmt: skip
     ap.add_argument("--out", type=Path, default=Path("runs/trpo_agent"))
+    ap.add_argument("--keep", type=Path, default=None,
+                    help="a folder (under results/) keeping each finished run (module docstring)")  # fmt: skip
     ap.add_argument("--results", type=Path, default=None, help="also write the JSON here")
     ap.add_argument("--plot", type=Path, default=None, help="the PNG")
     ap.add_argument("--set", dest="overrides", action="append", default=[])
@@ -149,33 +171,25 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     sets = [*args.overrides, f"pipeline.loop.steps={args.steps}", "pipeline.eval.policies=[]"]
     if args.model:
         sets.append(f"model.name={args.model}")
-    shared = shared_start(args.preset, sets, args.shared or args.out / "shared",
-                          reuse=args.shared is not None)  # fmt: skip
+    shared, kept = kept_shared_start(args.preset, sets, args.shared or args.out / "shared",
+                                     reuse=args.shared is not None, keep=args.keep,
+                                     settings={k: getattr(args, k) for k in SETTINGS})  # fmt: skip
     n, k = args.fresh_tasks, args.fresh_k
-    ev0 = evaluate_policy(shared.start, shared.world, shared.cfg, args.out / "fresh-v0", n=n, k=k)
+    ev0 = kept.get("fresh-v0")
+    if ev0 is None:
+        ev0 = evaluate_policy(shared.start, shared.world, shared.cfg, args.out / "fresh-v0", n=n, k=k)  # fmt: skip
+        kept.put("fresh-v0", ev0)
     configs: dict[str, dict[str, Any]] = {}
     for opt in opts:
         for lag in lags:
             runs = []
             for seed in range(args.seeds):
-                d = args.out / f"{opt}-L{lag}-s{seed}"
-                cfg, m = rl_from_shared(shared, args.preset, [
-                    *sets, "pipeline.loop.mode=async", f"pipeline.loop.max_lag={lag}",
-                    f"rl.optimizer={OPTIMIZERS[opt]}", f"seed={seed}",
-                    *latency_sets(args.latency_preset, None, None, seed)], d, keep_dir=d / "kept")  # fmt: skip
-                fresh = {0: ev0}
-                for v, path in sorted(m.checkpoints.items()):
-                    fresh[v] = evaluate_policy(str(path), shared.world, cfg, d / f"fresh-v{v}", n=n, k=k)  # fmt: skip
-                shutil.rmtree(d / "kept", ignore_errors=True)  # a model's size per version
-                runs.append(
-                    {
-                        "seed": seed,
-                        "wall_s": float(m.summary["wall_s"]),
-                        "final_dev_accuracy": fresh[max(fresh)]["accuracy"],
-                        "groups_dropped_stale": m.summary["groups_dropped_stale"],
-                        "steps": step_rows(m.steps, fresh),
-                    }
-                )
+                name = f"{opt}-L{lag}-s{seed}"
+                run = kept.get(name)
+                if run is None:
+                    run = one_run(args, shared, sets, opt, lag, seed, ev0)
+                    kept.put(name, run)
+                runs.append(run)
             configs[f"{opt}-L{lag}"] = {"optimizer": opt, "max_lag": lag,
                                         **summarise_config(runs, ev0["accuracy"]), "runs": runs}  # fmt: skip
     result: dict[str, Any] = {
@@ -192,6 +206,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         },
         "latency_preset": args.latency_preset,
         "configs": configs,
+        "time_scale": args.time_scale,
+        "kept": kept.summary(),
     }
     if args.plot is not None:
         plot(result, args.plot)
@@ -199,6 +215,36 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         write_script_result(args.results, "trpo_agent", result, args)
     print(json.dumps(result, indent=None if args.json else 2))
     return result
+
+
+def one_run(
+    args: argparse.Namespace,
+    shared: SharedStart,
+    sets: list[str],
+    opt: str,
+    lag: int,
+    seed: int,
+    ev0: dict[str, Any],
+) -> dict[str, Any]:
+    """One optimizer, staleness bound and seed: the async RL stage from a copy of the shared
+    start, then every kept version's fresh evaluation; the run's row (module docstring)."""
+    d = args.out / f"{opt}-L{lag}-s{seed}"
+    lat = latency_sets(args.latency_preset, None, None, seed, args.time_scale)
+    cfg, m = rl_from_shared(shared, args.preset, [
+        *sets, "pipeline.loop.mode=async", f"pipeline.loop.max_lag={lag}",
+        f"rl.optimizer={OPTIMIZERS[opt]}", f"seed={seed}", *lat], d, keep_dir=d / "kept")  # fmt: skip
+    n, k = args.fresh_tasks, args.fresh_k
+    fresh = {0: ev0}
+    for v, path in sorted(m.checkpoints.items()):
+        fresh[v] = evaluate_policy(str(path), shared.world, cfg, d / f"fresh-v{v}", n=n, k=k)
+    shutil.rmtree(d / "kept", ignore_errors=True)  # a model's size per version
+    return {
+        "seed": seed,
+        "wall_s": float(m.summary["wall_s"]),
+        "final_dev_accuracy": fresh[max(fresh)]["accuracy"],
+        "groups_dropped_stale": m.summary["groups_dropped_stale"],
+        "steps": step_rows(m.steps, fresh),
+    }
 
 
 def plot(result: dict[str, Any], path: Path) -> None:

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from provrl.bench.kept import Kept, pools_digest, restore_dirs, shared_identity
+from provrl.bench.kept import Kept, pools_digest, restore_dirs, settings_digest, shared_identity
 
 
 def _shared(root, weights=b"w0", pools=b'{"id": "t1"}\n'):
@@ -137,3 +137,9 @@ def test_a_benchmark_whose_pieces_are_all_kept_only_rebuilds_the_shared_stages(
         learning.run_learning_benchmark(
             "quick", seeds=2, out=tmp_path / "runs2", keep=tmp_path / "keep", world2_seed=78
         )
+
+
+def test_the_settings_digest_is_the_flags_not_their_order():
+    a = settings_digest({"steps": 6, "overrides": ["x=1"], "time_scale": None})
+    assert a == settings_digest({"time_scale": None, "overrides": ["x=1"], "steps": 6})
+    assert a != settings_digest({"steps": 6, "overrides": ["x=2"], "time_scale": None})

@@ -1,7 +1,10 @@
 """benchmarks/trpo_agent.py (provrl/bench/trpo_agent.py): the per-step rows joined with the
-fresh evaluations, the correlations, and a tiny end-to-end run (one step, one seed)."""
+fresh evaluations, the correlations, and a tiny end-to-end run (one step, one seed), read back
+from its kept pieces on a machine that lost ``runs/``."""
 
 from __future__ import annotations
+
+import shutil
 
 import pytest
 
@@ -47,7 +50,8 @@ def test_tiny_run(tmp_path):
     argv = ["--steps", "1", "--seeds", "1", "--max-lags", "2", "--fresh-tasks", "2",
             "--fresh-k", "1", "--out", str(tmp_path / "t"), "--plot", str(tmp_path / "p.png"),
             "--results", str(tmp_path / "r.json"),
-            "--set", "pipeline.tasks.warmstart=4", "--json"]  # fmt: skip
+            "--set", "pipeline.tasks.warmstart=4", "--json", "--time-scale", "2",
+            "--keep", str(tmp_path / "keep")]  # fmt: skip
     r = ta.main(argv)
     assert set(r["configs"]) == {"trpo-L2", "grpo-L2"}
     assert (tmp_path / "p.png").stat().st_size > 0 and (tmp_path / "r.json").is_file()
@@ -57,3 +61,8 @@ def test_tiny_run(tmp_path):
     assert grpo["predicted"] is None and grpo["kl_behaviour"] is not None
     for row in (trpo, grpo):
         assert row["realised"] is not None and row["dev_accuracy"] is not None
+    assert r["time_scale"] == 2.0
+    shutil.rmtree(tmp_path / "t")  # a fresh machine: the kept runs are read back, none rerun
+    again = ta.main(argv)
+    assert again["kept"]["read"] == ["shared-probe", "fresh-v0", "trpo-L2-s0", "grpo-L2-s0"]
+    assert again["configs"] == r["configs"] and not (tmp_path / "t" / "trpo-L2-s0").exists()
