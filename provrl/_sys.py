@@ -264,8 +264,9 @@ def cpu_model() -> str:
 
 def machine() -> dict[str, Any]:
     """What ran it: CPUs (count and model), memory, the 1-minute load average, platform,
-    Python, and — when torch is loaded — its version, threads, whether the CPU has AMX tiles
-    (what ``auto`` dtypes resolve by, :mod:`provrl.models.precision`) and CUDA devices."""
+    Python, and — when torch is loaded — its version, threads, whether the CPU has AMX tiles,
+    whether bf16 is its fast dtype (what ``auto`` dtypes resolve by,
+    :mod:`provrl.models.precision`) and CUDA devices."""
     out: dict[str, Any] = {
         "cpus": os.cpu_count(),
         "cpu_model": cpu_model(),
@@ -278,9 +279,13 @@ def machine() -> dict[str, Any]:
     if torch is not None:
         out["torch"] = torch.__version__
         out["torch_threads"] = torch.get_num_threads()
-        # AMX tiles make bf16 matmuls the fast path on a CPU; ``auto`` dtypes follow it
+        # AMX tiles make bf16 matmuls the fast path on a CPU; without them ``auto`` dtypes
+        # follow a measured verdict (provrl.models.precision.cpu_bf16_verdict)
         amx = getattr(torch.cpu, "_is_amx_tile_supported", None)
         out["cpu_amx"] = bool(amx()) if amx is not None else None
+        precision = sys.modules.get("provrl.models.precision")  # loaded where a dtype resolved
+        if precision is not None:
+            out["cpu_bf16"] = precision.cpu_bf16_verdict()
         if torch.cuda.is_available():
             out["gpus"] = [
                 f"{torch.cuda.get_device_name(i)} "

@@ -114,8 +114,8 @@ class EngineConfig(Section):
     dtype: Literal["auto", "float32", "bfloat16", "float16"] = Field(
         "float32",
         description="dtype of the engine's weights and KV cache (logits are fp32); auto: "
-        "bfloat16 where the device has bf16 matrix units (a GPU, a CPU with AMX), else float32 "
-        "(provrl/models/precision.py).",
+        "bfloat16 where it is the device's fast dtype (a GPU; a CPU with AMX, or with "
+        "AVX512-BF16 measured fast once per CPU model), else float32 (provrl/models/precision.py).",
     )
     seed: int = Field(
         0, description="Seeds the sampler of requests whose SamplingParams.seed is None."

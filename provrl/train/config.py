@@ -168,8 +168,9 @@ class RLConfig(Section):
         "float32",
         description="Compute dtype of the trainer's forward/backward (torch.autocast); weights, "
         "gradients and AdamW state stay float32. bfloat16 is several times faster where the "
-        "hardware has bf16 matrix units (a GPU, a CPU with AMX) and slower on AVX512-BF16 "
-        "alone; auto picks per device (provrl/models/precision.py). In bf16 π_θ differs from "
+        "hardware has bf16 matrix units (a GPU, a CPU with AMX, some CPUs with AVX512-BF16) "
+        "and slower on others with AVX512-BF16; auto picks per device, measuring where the "
+        "flags cannot tell (provrl/models/precision.py). In bf16 π_θ differs from "
         "a float32 engine's q by bf16 rounding, which the diagnostics (kl_q_pi_k3 at lag 0) "
         "show; π_θ/π_prox ratios stay consistent.",
     )
@@ -302,7 +303,8 @@ class SFTConfig(Section):
         "float32",
         description="Compute dtype of forward/backward (torch.autocast); weights, gradients "
         "and AdamW state stay float32. bfloat16 is several times faster with bf16 matrix units "
-        "(a GPU, a CPU with AMX), slower on AVX512-BF16 alone; auto picks per device "
+        "(a GPU, a CPU with AMX, some CPUs with AVX512-BF16), slower on others with "
+        "AVX512-BF16; auto picks per device, measuring where the flags cannot tell "
         "(provrl/models/precision.py).",
     )
     logprob_chunk_tokens: int = Field(
