@@ -92,7 +92,9 @@ class Kept:
             if kept_identity.get(key) != now:
                 raise ValueError(
                     f"{path}: measured from another build of the shared stages ({key} "
-                    f"{kept_identity.get(key)} here {now}); move {self.folder} aside to start over"
+                    f"{kept_identity.get(key)} here {now}: another CPU kind, or another compute "
+                    f"dtype, see the piece's machine.cpu_bf16 and PROVRL_CPU_BF16); move "
+                    f"{self.folder} aside to start over"
                 )
         self.read.append(name)
         return value
