@@ -17,11 +17,22 @@ trajectories whose action tokens span two versions, the training batches' accura
 repeats. Top level: ``wall_ratio`` of every arm's median wall time over the first arm's, and
 ``wall_ratio_per_repeat`` (each repeat's paired ratio).
 
+``--keep DIR`` (under ``results/``, committed) keeps each finished run as a small piece with the
+identity of the shared stages, a digest of the preset, steps and common overrides, and the
+arm's own overrides (:func:`provrl.bench.agent_runs.kept_shared_start`), so a whole-stage
+comparison longer than one session goes on after a machine lost ``runs/``: the rerun
+rebuilds the warm start, puts the probe back and runs only the missing arms and repeats. Keep
+both arms of a repeat in one session: a repeat's paired ratio is only fair when machine load
+hits both alike (every piece records its machine, load average and date).
+
     python benchmarks/rl_stage.py --json                       # tiny model, quick preset
     python benchmarks/rl_stage.py --preset default --shared runs/devR4g --steps 4 \\
         --repeats 2 --arm base= --arm lend=pipeline.loop.lend_cores=true \\
         --arm both=pipeline.loop.lend_cores=true,pipeline.loop.borrow_cores=true \\
         --results results/rl_stage_lend_cores.json --json
+    python benchmarks/rl_stage.py --preset default --steps 20 --repeats 2 --arm base= \\
+        --arm both=pipeline.loop.lend_cores=true,pipeline.loop.borrow_cores=true \\
+        --keep results/rl-stage-parts --results results/rl_stage_whole.json --json
 """
 
 from __future__ import annotations
@@ -32,7 +43,7 @@ import statistics
 from pathlib import Path
 from typing import Any
 
-from provrl.bench.agent_runs import rl_from_shared, shared_start
+from provrl.bench.agent_runs import kept_shared_start, rl_from_shared
 from provrl.bench.results import write_script_result
 
 DEFAULT_ARMS = ("base=", "lend=pipeline.loop.split_cores=true,pipeline.loop.lend_cores=true")
@@ -111,6 +122,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     ap.add_argument("--set", dest="overrides", action="append", default=[],
                     help="overrides of every arm (key=value)")  # fmt: skip
     ap.add_argument("--out", type=Path, default=Path("runs/rl_stage"))
+    ap.add_argument("--keep", type=Path, default=None,
+                    help="a folder (under results/) keeping each finished run (module docstring)")  # fmt: skip
     ap.add_argument("--results", type=Path, default=None, help="also write the JSON here")
     ap.add_argument("--json", action="store_true")
     args = ap.parse_args(argv)
@@ -119,15 +132,24 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         ap.error("--arm names must differ")
 
     sets = [*args.overrides, f"pipeline.loop.steps={args.steps}", "pipeline.eval.policies=[]"]
-    shared = shared_start(args.preset, sets, args.shared or args.out / "shared",
-                          reuse=args.shared is not None)  # fmt: skip
+    shared, kept = kept_shared_start(
+        args.preset, sets, args.shared or args.out / "shared", reuse=args.shared is not None,
+        keep=args.keep, settings={"preset": args.preset, "steps": args.steps, "overrides": args.overrides},
+    )  # fmt: skip
     rows: dict[str, list[dict[str, Any]]] = {a: [] for a, _ in args.arms}
     for r in range(args.repeats):
         order = args.arms if r % 2 == 0 else list(reversed(args.arms))
         for name, arm_sets in order:
-            arm = [*sets, *arm_sets, f"pipeline.loop.seed={r}", f"rl.seed={r}"]
-            _, m = rl_from_shared(shared, args.preset, arm, args.out / f"{name}-r{r}")
-            rows[name].append(run_row(m.summary, m.steps, r))
+            piece = kept.get(f"{name}-r{r}")
+            if piece is not None and piece["arm"] != arm_sets:
+                raise ValueError(f"{kept.path(f'{name}-r{r}')}: arm {name} was {piece['arm']}, "
+                                 f"here {arm_sets}; name the arm otherwise")  # fmt: skip
+            if piece is None:
+                arm = [*sets, *arm_sets, f"pipeline.loop.seed={r}", f"rl.seed={r}"]
+                _, m = rl_from_shared(shared, args.preset, arm, args.out / f"{name}-r{r}")
+                piece = {"arm": arm_sets, "row": run_row(m.summary, m.steps, r)}
+                kept.put(f"{name}-r{r}", piece)
+            rows[name].append(piece["row"])
             print(json.dumps({"arm": name, **rows[name][-1]}), flush=True)
     result = {
         "preset": args.preset,
@@ -137,6 +159,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         "arm_overrides": dict(args.arms),
         "overrides": args.overrides,
         **summarise({a: rows[a] for a, _ in args.arms}),
+        "kept": kept.summary(),
     }
     if args.results is not None:
         write_script_result(args.results, "rl_stage", result, args)

@@ -1,11 +1,13 @@
 """benchmarks/rl_stage.py (provrl/bench/rl_stage.py) end to end on the tiny model: every arm
 runs the RL stage once per repeat from the same shared warm start, with the repeat's seeds,
-and the JSON carries each run's figures, the per-arm medians and the wall ratios."""
+and the JSON carries each run's figures, the per-arm medians and the wall ratios; with
+``--keep`` a machine that lost ``runs/`` reads finished runs back."""
 
 from __future__ import annotations
 
 import argparse
 import json
+import shutil
 
 import pytest
 
@@ -35,9 +37,9 @@ def test_summarise_ratios_against_the_first_arm():
 
 def test_tiny_arms_side_by_side(tmp_path):
     # one arm, and the preset's shared stages built by this first call
-    first = rl_stage.main(["--steps", "1", "--repeats", "1", "--arm", "solo=",
-                           "--set", "pipeline.tasks.warmstart=4", "--out", str(tmp_path / "runs"),
-                           "--json"])  # fmt: skip
+    solo = ["--steps", "1", "--repeats", "1", "--arm", "solo=", "--set", "pipeline.tasks.warmstart=4",
+            "--out", str(tmp_path / "runs"), "--json", "--keep", str(tmp_path / "keep")]  # fmt: skip
+    first = rl_stage.main(solo)
     assert set(first["arms"]) == {"solo"} and (tmp_path / "runs" / "shared" / "warmstart").is_dir()  # fmt: skip
     # then from them (--shared), the default arms: base, and lend (split_cores + lend_cores)
     argv = ["--shared", str(tmp_path / "runs" / "shared"), "--steps", "1", "--repeats", "2",
@@ -55,3 +57,12 @@ def test_tiny_arms_side_by_side(tmp_path):
     # each run says how its cores were shared (neither arm borrows the engine's core)
     assert r["arms"]["lend"]["runs"][0]["threads"]["borrowed"] == 0
     assert (tmp_path / "runs" / "lend-r1" / "rl" / "steps.jsonl").exists()
+    # a machine that lost runs/: the kept run is read back, not run again
+    shutil.rmtree(tmp_path / "runs")
+    again = rl_stage.main(solo)
+    assert again["kept"]["read"] == ["shared-probe", "solo-r0"]
+    assert again["arms"]["solo"]["runs"] == first["arms"]["solo"]["runs"]
+    assert not (tmp_path / "runs" / "solo-r0").exists()
+    # an arm of the same name with other overrides is refused, never mixed in
+    with pytest.raises(ValueError, match=r"solo-r0\.json: arm solo was \[\]"):
+        rl_stage.main([a if a != "solo=" else "solo=pipeline.loop.split_cores=true" for a in solo])
