@@ -48,7 +48,7 @@ learning benchmark's ``shared-probe.*`` into DIR to skip the probe when the warm
 same (the identity check refuses it otherwise).
 
     python benchmarks/async_vs_sync.py --json                      # tiny model, quick preset
-    python benchmarks/async_vs_sync.py --preset default --seeds 3 --steps 6 --time-scale 30 \\
+    python benchmarks/async_vs_sync.py --preset default --seeds 3 --steps 6 --time-scale N \\
         --keep results/async-vs-sync-parts \\
         --results results/async_vs_sync.json --plot docs/img/async_vs_sync.png --json
 """

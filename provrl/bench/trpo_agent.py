@@ -33,7 +33,7 @@ back without ``runs/`` (:func:`provrl.bench.agent_runs.kept_shared_start`; async
 docstring says how a rerun reads them back).
 
     python benchmarks/trpo_agent.py --json                    # tiny model, quick preset
-    python benchmarks/trpo_agent.py --preset default --steps 8 --seeds 2 --time-scale 30 \\
+    python benchmarks/trpo_agent.py --preset default --steps 8 --seeds 2 --time-scale N \\
         --keep results/trpo-agent-parts \\
         --results results/trpo_agent.json --plot docs/img/trpo_agent.png --json
 """
