@@ -75,7 +75,6 @@ from provrl.bench.sim_check import check_against_simulator
 from provrl.bench.stats import equivalence_report
 from provrl.config import load_config
 from provrl.run_config.run import RunConfig
-from provrl.trajlog import read_all
 
 MODES = ("sync", "async")
 
@@ -84,14 +83,6 @@ SETTINGS = ("preset", "model", "steps", "latency_preset", "latency", "median_lat
             "overrides")  # fmt: skip
 """The flags that change a run's figures, whose digest is in a kept piece's identity (not
 ``--seeds``: more seeds add pieces; not the threshold or margin: they only change the summary)."""
-
-
-def per_task_accuracy(log: Path) -> dict[str, float]:
-    """Mean exact match of each task's samples in an evaluation's trajectory log."""
-    hits: dict[str, list[float]] = {}
-    for t in read_all(log):
-        hits.setdefault(t.task_id, []).append(float(t.metrics["exact_match"]))
-    return {task: sum(v) / len(v) for task, v in hits.items()}
 
 
 def paired_task_accuracy(
