@@ -32,6 +32,7 @@ from pathlib import Path
 from typing import Any
 
 from provrl.bench.kept import Kept, restore_dirs, settings_digest, shared_identity
+from provrl.bench.time_scale import DEPLOYMENT, engine_step_s, time_scale
 from provrl.config import load_config
 from provrl.env.build import ensure_world
 from provrl.env.tasks import Task
@@ -231,6 +232,37 @@ def rl_from_shared(
     return cfg, run_measured(
         cfg, run, shared.world, pool, shared.start, keep_dir=keep_dir, keep=keep
     )
+
+
+def calibrate_time_scale(
+    shared: SharedStart, preset: str, sets: Sequence[str], d: Path, kept: Kept
+) -> dict[str, Any]:
+    """``--time-scale auto`` (:mod:`provrl.bench.time_scale`): one RL step of ``preset`` +
+    ``sets`` from the shared start in ``d``, strict on-policy, the latency undilated; N = its
+    engine seconds per sampling step over the deployment's time per output token. Kept in
+    ``kept`` as ``time-scale`` and read back there, so every run of a benchmark spread over
+    sessions uses the same N. Returns the piece: ``value`` (N), the calibration's engine step
+    time, steps and generating rows per step, and the deployment it is compared with."""
+    piece = kept.get("time-scale")
+    if piece is not None:
+        print(f"[bench] time scale {piece['value']} kept in {kept.path('time-scale')}", flush=True)
+        return dict(piece)
+    run_sets = [*sets, "pipeline.loop.mode=sync", "pipeline.loop.steps=1",
+                "env.search.latency.time_scale=1.0"]  # fmt: skip
+    print("[bench] time scale: one strict on-policy RL step to measure the engine", flush=True)
+    _cfg, m = rl_from_shared(shared, preset, run_sets, d)
+    step_s = engine_step_s(m.engine)
+    piece = {
+        "value": time_scale(step_s),
+        "engine_step_s": step_s,
+        "engine_steps": m.engine["steps"],
+        "rows_per_step": m.engine.get("tokens_generated", 0.0) / m.engine["steps"],
+        "run": {"mode": "sync", "steps": 1, "time_scale": 1.0, "wall_s": m.summary["wall_s"]},
+        "deployment": DEPLOYMENT,
+    }
+    kept.put("time-scale", piece)
+    print(f"[bench] time scale {piece['value']} ({step_s:.3f} s per engine step here)", flush=True)
+    return piece
 
 
 def evaluate_policy(

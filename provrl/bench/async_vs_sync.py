@@ -35,7 +35,11 @@ Latency: ``--latency-preset`` (default ``web-ai``; ``''`` = the preset file's
 latencies (``env.search.latency.seed``); evaluation runs without latency. On a CPU that
 generates a turn far slower than the deployment the preset describes, dilate the latency (and
 the call's deadline) by that factor: ``--time-scale N`` (``env.search.latency.time_scale``,
-docs/env.md §3; set on the RL runs only, so the shared stages stay the default preset's).
+docs/env.md §3; set on the RL runs only, so the shared stages stay the default preset's), or
+``--time-scale auto``: N measured by one strict on-policy RL step (this engine's seconds per
+sampling step over a GPU deployment's time per output token, :mod:`provrl.bench.time_scale`),
+kept with the runs. The JSON's ``time_scale`` has N, its calibration and each mode's realised
+slowdown (the runs' own engine seconds per step over the deployment's).
 
 ``--keep DIR`` (a folder under ``results/``, committed) keeps each finished run (a mode and a
 seed: its row, its dev tasks' accuracies and the simulator's inputs) and the warm start's curve
@@ -48,7 +52,7 @@ learning benchmark's ``shared-probe.*`` into DIR to skip the probe when the warm
 same (the identity check refuses it otherwise).
 
     python benchmarks/async_vs_sync.py --json                      # tiny model, quick preset
-    python benchmarks/async_vs_sync.py --preset default --seeds 3 --steps 6 --time-scale N \\
+    python benchmarks/async_vs_sync.py --preset default --seeds 3 --steps 6 --time-scale auto \\
         --keep results/async-vs-sync-parts \\
         --results results/async_vs_sync.json --plot docs/img/async_vs_sync.png --json
 """
@@ -65,6 +69,7 @@ from typing import Any
 from provrl.bench.agent_runs import (
     Measured,
     SharedStart,
+    calibrate_time_scale,
     episode_inputs,
     evaluate_policy,
     kept_shared_start,
@@ -73,6 +78,7 @@ from provrl.bench.agent_runs import (
 from provrl.bench.results import write_script_result
 from provrl.bench.sim_check import check_against_simulator
 from provrl.bench.stats import equivalence_report
+from provrl.bench.time_scale import DEPLOYMENT, parse_time_scale, slowdown
 from provrl.config import load_config
 from provrl.run_config.run import RunConfig
 
@@ -145,6 +151,28 @@ def latency_sets(
     return [*sets, f"env.search.latency.seed={seed}"]
 
 
+def time_scale_record(
+    given: float | str | None,
+    value: float | None,
+    calibration: dict[str, Any] | None,
+    measured: dict[str, dict[str, Any]],
+) -> dict[str, Any]:
+    """The JSON's ``time_scale``: the flag as given, the N the RL runs used, the calibration
+    (``auto``), the deployment compared with and each mode's realised slowdown (its runs'
+    engine seconds per step over the deployment's time per output token,
+    :mod:`provrl.bench.time_scale`)."""
+    return {
+        "given": given,
+        "value": value,
+        "calibration": calibration,
+        "deployment": DEPLOYMENT,
+        "realised_slowdown": {
+            m: round(slowdown(x["engine_step_s"]), 2) if x.get("engine_step_s") else None
+            for m, x in measured.items()
+        },
+    }
+
+
 def run_inputs(m: Measured, log: Path) -> dict[str, Any]:
     """One run's inputs of the simulator (JSON, kept with the run's piece): its episodes
     (:func:`~provrl.bench.agent_runs.episode_inputs`), trainer steps, saves, loads and engine
@@ -198,8 +226,9 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
                     help="env.search.latency.preset ('' = the config's latency as it is)")  # fmt: skip
     ap.add_argument("--latency", default=None, choices=["none", "lognormal", "pareto"],
                     help="override the latency kind")  # fmt: skip
-    ap.add_argument("--time-scale", type=float, default=None,
-                    help="env.search.latency.time_scale of the RL runs (docs/env.md §3)")  # fmt: skip
+    ap.add_argument("--time-scale", type=parse_time_scale, default=None,
+                    help="env.search.latency.time_scale of the RL runs (docs/env.md §3), or "
+                    "'auto': calibrated by one RL step (provrl.bench.time_scale)")  # fmt: skip
     ap.add_argument("--median-latency", type=float, default=None, help="override the median (s)")  # fmt: skip
     ap.add_argument("--dev-tasks", type=int, default=64, help="dev tasks of the final evaluation")  # fmt: skip
     ap.add_argument("--dev-k", type=int, default=4, help="samples per dev task (final)")
@@ -232,6 +261,12 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
                                      reuse=args.shared is not None, keep=args.keep,
                                      settings={k: getattr(args, k) for k in SETTINGS})  # fmt: skip
     cfg0, world, start = shared.cfg, shared.world, shared.start
+    scale, calibration = args.time_scale, None
+    if scale == "auto":  # kept, so every session's runs use the same N
+        lat0 = latency_sets(args.latency_preset, args.latency, args.median_latency, 0)
+        calibration = calibrate_time_scale(shared, args.preset, [*sets, *lat0],
+                                           args.out / "time-scale", kept)  # fmt: skip
+        scale = calibration["value"]
     curve0 = None
     if args.curve_every:
         curve0 = kept.get("curve-v0")
@@ -247,7 +282,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     for seed in range(args.seeds):
         for mode in MODES:  # interleaved, so machine load hits both alike
             lat = latency_sets(args.latency_preset, args.latency, args.median_latency, seed,
-                               args.time_scale)  # fmt: skip
+                               scale)  # fmt: skip
             run_sets = [*sets, f"pipeline.loop.mode={mode}", f"seed={seed}", *lat]
             cfgs[mode] = load_config(RunConfig, args.preset, run_sets)
             piece = kept.get(f"{mode}-s{seed}")
@@ -267,6 +302,9 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     result["latency"] = cfgs["sync"].env.search.latency.model_dump(mode="json") | {
         "preset_flag": args.latency_preset
     }
+    result["time_scale"] = time_scale_record(
+        args.time_scale, scale, calibration, result["measured"]
+    )
     result["simulator_check"] = check_against_simulator(result)
     if args.plot is not None and args.curve_every:
         plot(result, args.plot)

@@ -26,14 +26,14 @@ and accuracy gained per wall-second. The step records come from ``rl/steps.jsonl
 itself is not changed.
 
 ``--time-scale N`` dilates the RL runs' search latency (``env.search.latency.time_scale``,
-docs/env.md §3). ``--keep DIR`` (under ``results/``, committed) keeps each finished run and the
+docs/env.md §3); ``auto`` measures N by one RL step and keeps it (:mod:`provrl.bench.time_scale`). ``--keep DIR`` (under ``results/``, committed) keeps each finished run and the
 warm start's fresh evaluation as small pieces, and the probe + filter as an archive, so the
 benchmark (12 RL stages at its defaults) can be spread over sessions of a machine that may come
 back without ``runs/`` (:func:`provrl.bench.agent_runs.kept_shared_start`; async_vs_sync's
 docstring says how a rerun reads them back).
 
     python benchmarks/trpo_agent.py --json                    # tiny model, quick preset
-    python benchmarks/trpo_agent.py --preset default --steps 8 --seeds 2 --time-scale N \\
+    python benchmarks/trpo_agent.py --preset default --steps 8 --seeds 2 --time-scale auto \\
         --keep results/trpo-agent-parts \\
         --results results/trpo_agent.json --plot docs/img/trpo_agent.png --json
 """
@@ -51,12 +51,14 @@ import numpy as np
 
 from provrl.bench.agent_runs import (
     SharedStart,
+    calibrate_time_scale,
     evaluate_policy,
     kept_shared_start,
     rl_from_shared,
 )
 from provrl.bench.async_vs_sync import latency_sets
 from provrl.bench.results import write_script_result
+from provrl.bench.time_scale import DEPLOYMENT, parse_time_scale
 
 OPTIMIZERS = {"trpo": "trpo", "grpo": "adamw"}
 """Benchmark name → ``rl.optimizer``."""
@@ -149,8 +151,9 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     ap.add_argument("--optimizers", default="trpo,grpo", help="of: trpo, grpo (clipped, AdamW)")
     ap.add_argument("--latency-preset", default="web-ai",
                     choices=["", "web-fast", "web-ai", "web-serp"])  # fmt: skip
-    ap.add_argument("--time-scale", type=float, default=None,
-                    help="env.search.latency.time_scale of the RL runs (docs/env.md §3)")  # fmt: skip
+    ap.add_argument("--time-scale", type=parse_time_scale, default=None,
+                    help="env.search.latency.time_scale of the RL runs (docs/env.md §3), or "
+                    "'auto': calibrated by one RL step (provrl.bench.time_scale)")  # fmt: skip
     ap.add_argument("--fresh-tasks", type=int, default=32, help="dev tasks of each evaluation")
     ap.add_argument("--fresh-k", type=int, default=4, help="samples per task")
     ap.add_argument("--shared", type=Path, default=None,
@@ -174,6 +177,12 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     shared, kept = kept_shared_start(args.preset, sets, args.shared or args.out / "shared",
                                      reuse=args.shared is not None, keep=args.keep,
                                      settings={k: getattr(args, k) for k in SETTINGS})  # fmt: skip
+    scale, calibration = args.time_scale, None
+    if scale == "auto":  # kept, so every session's runs use the same N
+        calibration = calibrate_time_scale(
+            shared, args.preset, [*sets, *latency_sets(args.latency_preset, None, None, 0)],
+            args.out / "time-scale", kept)  # fmt: skip
+        scale = calibration["value"]
     n, k = args.fresh_tasks, args.fresh_k
     ev0 = kept.get("fresh-v0")
     if ev0 is None:
@@ -187,7 +196,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
                 name = f"{opt}-L{lag}-s{seed}"
                 run = kept.get(name)
                 if run is None:
-                    run = one_run(args, shared, sets, opt, lag, seed, ev0)
+                    run = one_run(args, shared, sets, opt, lag, seed, ev0, scale)
                     kept.put(name, run)
                 runs.append(run)
             configs[f"{opt}-L{lag}"] = {"optimizer": opt, "max_lag": lag,
@@ -206,7 +215,12 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         },
         "latency_preset": args.latency_preset,
         "configs": configs,
-        "time_scale": args.time_scale,
+        "time_scale": {
+            "given": args.time_scale,
+            "value": scale,
+            "calibration": calibration,
+            "deployment": DEPLOYMENT,
+        },
         "kept": kept.summary(),
     }
     if args.plot is not None:
@@ -225,11 +239,13 @@ def one_run(
     lag: int,
     seed: int,
     ev0: dict[str, Any],
+    scale: float | None,
 ) -> dict[str, Any]:
     """One optimizer, staleness bound and seed: the async RL stage from a copy of the shared
-    start, then every kept version's fresh evaluation; the run's row (module docstring)."""
+    start (latency dilated by ``scale``), then every kept version's fresh evaluation; the
+    run's row (module docstring)."""
     d = args.out / f"{opt}-L{lag}-s{seed}"
-    lat = latency_sets(args.latency_preset, None, None, seed, args.time_scale)
+    lat = latency_sets(args.latency_preset, None, None, seed, scale)
     cfg, m = rl_from_shared(shared, args.preset, [
         *sets, "pipeline.loop.mode=async", f"pipeline.loop.max_lag={lag}",
         f"rl.optimizer={OPTIMIZERS[opt]}", f"seed={seed}", *lat], d, keep_dir=d / "kept")  # fmt: skip

@@ -1,7 +1,7 @@
 """benchmarks/async_vs_sync.py (provrl/bench/async_vs_sync.py) end to end on the tiny model,
 one step and one seed: the JSON has what issue 35 asks for, strict on-policy drained and
 reset its caches at every step (engine counters), hot-load did neither, both modes trained
-the same samples, and the latency preset reached the runs. With ``--keep`` a rerun on a
+the same samples, and the latency preset and the calibrated time scale reached the runs. With ``--keep`` a rerun on a
 machine that lost ``runs/`` reads every finished run back and measures nothing again."""
 
 from __future__ import annotations
@@ -12,6 +12,7 @@ import shutil
 import pytest
 
 from provrl.bench import async_vs_sync as avs
+from provrl.bench.time_scale import DEPLOYMENT_TPOT_S
 from provrl.env.config import LATENCY_PRESETS
 
 
@@ -35,7 +36,7 @@ def test_tiny_run_reports_everything(tmp_path):
     argv = ["--steps", "1", "--seeds", "1", "--dev-tasks", "3", "--dev-k", "1",
             "--curve-dev-tasks", "2", "--curve-k", "1", "--out", str(out),
             "--results", str(tmp_path / "r.json"), "--plot", str(tmp_path / "c.png"),
-            "--set", "pipeline.tasks.warmstart=4", "--time-scale", "2", "--json",
+            "--set", "pipeline.tasks.warmstart=4", "--time-scale", "auto", "--json",
             "--keep", str(tmp_path / "keep")]  # fmt: skip
     r = avs.main(argv)
     assert json.loads((tmp_path / "r.json").read_text())["steps"] == 1
@@ -44,7 +45,16 @@ def test_tiny_run_reports_everything(tmp_path):
     assert r["wall_ratio_async_over_sync"] > 0 and "power_at_n" in r["accuracy_equivalence"]
     assert r["latency"]["preset"] == "web-ai"
     assert r["latency"]["median_s"] == LATENCY_PRESETS["web-ai"]["median_s"]
-    assert r["latency"]["time_scale"] == 2.0
+    # --time-scale auto: N from one calibration step's engine counters, used by every run
+    ts = r["time_scale"]
+    cal = ts["calibration"]
+    assert ts["given"] == "auto" and cal["run"] == {**cal["run"], "mode": "sync", "steps": 1}
+    assert cal["engine_steps"] > 0 and cal["engine_step_s"] > 0
+    assert ts["value"] == cal["value"] == round(cal["engine_step_s"] / DEPLOYMENT_TPOT_S, 1)
+    assert r["latency"]["time_scale"] == ts["value"] > 0
+    assert ts["realised_slowdown"]["sync"] == round(
+        r["measured"]["sync"]["engine_step_s"] / DEPLOYMENT_TPOT_S, 2
+    )
     sync, asy = r["modes"]["sync"], r["modes"]["async"]
     assert sync["engine"]["drains"] == sync["engine"]["cache_resets"] == 1  # 1 step, 1 seed
     assert asy["engine"]["drains"] == asy["engine"]["cache_resets"] == 0
@@ -68,12 +78,21 @@ def test_tiny_run_reports_everything(tmp_path):
     # probe is put back, and the record is the same
     shutil.rmtree(out)
     again = avs.main(argv)
-    assert again["kept"]["read"] == ["shared-probe", "curve-v0", "sync-s0", "async-s0"]
+    assert again["kept"]["read"] == [
+        "shared-probe",
+        "time-scale",
+        "curve-v0",
+        "sync-s0",
+        "async-s0",
+    ]
+    assert again["time_scale"] == r["time_scale"] and not (out / "time-scale").exists()
     assert (
         not (out / "sync-s0").exists() and not (out / "shared" / "probe" / "done.json").is_symlink()
     )
     assert again["modes"] == r["modes"] and again["measured"] == r["measured"]
     # another setting of the benchmark is refused in one line, never mixed in
     shutil.rmtree(out)
-    with pytest.raises(ValueError, match=r"curve-v0\.json: measured from another build.*settings"):
+    with pytest.raises(
+        ValueError, match=r"time-scale\.json: measured from another build.*settings"
+    ):
         avs.main([*argv, "--dev-k", "2"])

@@ -61,7 +61,8 @@ def test_tiny_run(tmp_path):
     assert grpo["predicted"] is None and grpo["kl_behaviour"] is not None
     for row in (trpo, grpo):
         assert row["realised"] is not None and row["dev_accuracy"] is not None
-    assert r["time_scale"] == 2.0
+    assert r["time_scale"]["given"] == r["time_scale"]["value"] == 2.0
+    assert r["time_scale"]["calibration"] is None  # given, not calibrated
     shutil.rmtree(tmp_path / "t")  # a fresh machine: the kept runs are read back, none rerun
     again = ta.main(argv)
     assert again["kept"]["read"] == ["shared-probe", "fresh-v0", "trpo-L2-s0", "grpo-L2-s0"]
