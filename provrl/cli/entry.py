@@ -35,7 +35,7 @@ from provrl.cli import config_docs as cd
 from provrl.cli.bench import app as bench_app
 from provrl.cli.classic import trpo
 from provrl.cli.conformance import conformance
-from provrl.cli.env import eval_cmd, index_cmd, serve_search, world
+from provrl.cli.env import eval_cmd, failures_cmd, index_cmd, serve_search, world
 from provrl.cli.pipeline import filter_cmd, probe, report, run
 from provrl.cli.sft import sft
 from provrl.cli.theory import app as theory_app
@@ -60,6 +60,7 @@ app.command("world")(world)
 app.command("serve-search")(serve_search)
 app.command("index")(index_cmd)
 app.command("eval")(eval_cmd)
+app.command("failures")(failures_cmd)
 app.command("sft")(sft)
 app.command("probe")(probe)
 app.command("filter")(filter_cmd)

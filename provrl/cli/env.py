@@ -1,4 +1,4 @@
-"""`provrl world`, `provrl serve-search`, `provrl eval`, `provrl index`.
+"""`provrl world`, `provrl serve-search`, `provrl eval`, `provrl failures`, `provrl index`.
 
 Each takes ``--config FILE`` / ``--set key=value`` over the run config's ``env`` section
 (and ``model.dtype``); its flags are generated from those fields (:mod:`provrl.cli.options`).
@@ -244,3 +244,68 @@ def index_cmd(
         f"passages)\n  use it: provrl eval --tasks TASKS.jsonl --index {summary['index']}\n"
         f"  or serve it: provrl serve-search --index {summary['index']}"
     )
+
+
+def failures_cmd(
+    runs: Annotated[
+        list[Path],
+        typer.Argument(
+            help="Evaluation directories (eval.json + trajectories.jsonl): one column each."
+        ),
+    ],
+    tokenizer: Annotated[
+        str | None,
+        typer.Option(
+            help="Decode logs that predate the hop metrics with this model's tokenizer "
+            "(default: each evaluated policy's)."
+        ),
+    ] = None,
+    out: Annotated[
+        Path | None, typer.Option(help="Also write the table here, as a results file.")
+    ] = None,
+    as_json: JsonOpt = False,
+) -> None:
+    """Where the episodes of evaluations fail, per tier, read against each task's oracle plan:
+    unanswered, no search, answer shown but not given, first hop missed, stopped after a
+    partial plan, later hop missed (provrl.rollout.failures)."""
+    from provrl.bench.results import run_record, write_result
+    from provrl.rollout.evaluate import summarize_run
+    from provrl.rollout.failures import MODES
+
+    table: dict[str, Any] = {}
+    for d in runs:
+        s = summarize_run(d, tokenizer)
+        blocks = {"all": s, **s.get("per_tier", {})}
+        table[str(d)] = {
+            tier: {"accuracy": b["accuracy"], **b["failure_modes"]}
+            for tier, b in blocks.items()
+            if b.get("failure_modes")
+        }
+    if out is not None:  # a results file: with commit, machine, date and command
+        record = run_record(
+            "failures",
+            {"runs": table, "modes": list(MODES)},
+            config={"runs": [str(d) for d in runs], "tokenizer": tokenizer},
+            seeds={"samples": "each evaluation's own (its eval.json)"},
+        )
+        write_result(out, record)
+    if as_json:
+        typer.echo(json.dumps(table))
+        return
+    for name, tiers in table.items():
+        typer.echo(name)
+        if not tiers:
+            typer.echo("  no task with an oracle plan: nothing to read the failures against")
+            continue
+        names = list(tiers)
+        typer.echo(
+            "  "
+            + f"{'share of samples':<24}"
+            + "".join(f"{'tier ' + t if t != 'all' else 'all':>10}" for t in names)
+        )
+        for key in ("samples", "accuracy", *MODES):
+            cells = []
+            for t in names:
+                v = tiers[t][key]
+                cells.append(f"{v:>10d}" if key == "samples" else f"{v:>10.3f}")
+            typer.echo("  " + f"{key:<24}" + "".join(cells))

@@ -63,6 +63,7 @@ from provrl.env.search import QueryError, SearchBackend, SearchError
 from provrl.env.tasks import PLAIN_KIND, Task
 from provrl.models.chat import chat_ids, continuation_ids, stop_token_ids, tokenizer_identity
 from provrl.provenance import Identity, SamplingParams, ToolCall, Trajectory, TrajectoryBuilder
+from provrl.rollout.failures import hop_metrics
 
 
 @dataclass
@@ -469,6 +470,7 @@ def run_episode(
         repeats=repeat_count(b.tool_calls),
         after_answer=after,
     )
+    metrics.update(hop_metrics(n.results, [h.reveals for h in task.oracle], task.answers))
     if env.rewards is None:
         cost = call_cost_at(a.tool_call_cost, a.tool_call_cost_warmup, b.first_action_version or 0)
         charged = n.tool_calls if a.tool_call_cost_on == "all" else after

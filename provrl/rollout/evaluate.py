@@ -43,6 +43,7 @@ from provrl.report.metrics import MetricsWriter
 from provrl.report.plots import plot_eval
 from provrl.rollout.agent import oracle_trajectory, tool_failures
 from provrl.rollout.collector import Collector
+from provrl.rollout.failures import backfill_hop_metrics, failure_table
 from provrl.rollout.setup import agent_tools, build_env, env_policy_identity, open_engine
 from provrl.trajlog import TrajectoryWriter, read_all, read_trajectories
 
@@ -103,6 +104,7 @@ def summarize(tasks: Sequence[Task], trajs: Sequence[Trajectory], k: int) -> dic
             "searched_rate": float(np.mean([x.metrics["num_searches"] > 0 for x in samples])),
             "repeat_rate": float(np.mean(repeats)) if repeats else float("nan"),
             **tool_failures(samples),
+            "failure_modes": failure_table(x.metrics for x in samples),
             "K_histogram": {str(j): int(v) for j, v in enumerate(hist)},
         }
 
@@ -116,11 +118,16 @@ def summarize(tasks: Sequence[Task], trajs: Sequence[Trajectory], k: int) -> dic
     return out
 
 
-def summarize_run(run_dir: str | os.PathLike[str]) -> dict[str, Any]:
-    """Recompute a finished run's summary from its ``trajectories.jsonl`` (e.g. after adding
-    a statistic); the settings come from its ``eval.json``."""
+def summarize_run(run_dir: str | os.PathLike[str], tokenizer: str | None = None) -> dict[str, Any]:
+    """Recompute a finished evaluation's summary from its ``trajectories.jsonl`` (e.g. after
+    adding a statistic); the settings come from its ``eval.json``. Episodes logged before the
+    hop metrics existed get them from their observations (:mod:`provrl.rollout.failures`),
+    decoded by ``tokenizer`` (a model name or dir; default: the evaluated policy's)."""
     run = Path(run_dir)
-    old = json.loads((run / "eval.json").read_text())
+    try:
+        old = json.loads((run / "eval.json").read_text())
+    except (OSError, json.JSONDecodeError) as e:
+        raise ValueError(f"{run / 'eval.json'}: not an evaluation's summary ({e})") from None
     trajs = read_all(run / "trajectories.jsonl")
     ids = {t.task_id for t in trajs}
     if old.get("tasks_file"):
@@ -128,6 +135,12 @@ def summarize_run(run_dir: str | os.PathLike[str]) -> dict[str, Any]:
     else:
         pool = load_split(old["world"], old["split"])
     tasks = [t for t in pool if t.task_id in ids]
+    if any(t.oracle for t in tasks) and any("hops" not in t.metrics for t in trajs):
+        from provrl.models.loading import load_tokenizer
+
+        tok = load_tokenizer(tokenizer or ("smollm2-135m" if old["policy"] == "oracle" else old["policy"]))  # fmt: skip
+        backfill_hop_metrics(trajs, {t.task_id: t for t in tasks},
+                             lambda ids: tok.decode(ids, skip_special_tokens=True))  # fmt: skip
     if old["policy"] == "oracle":
         trajs = [t for t in trajs for _ in range(old["k"])]
     keep = {k: v for k, v in old.items() if k not in ("per_tier",) and not k.startswith("pass@")}
