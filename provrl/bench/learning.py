@@ -11,9 +11,10 @@ RL seeds from one warm start, evaluated on the whole test split and on a second 
 
 Each run is a subprocess (its peak RSS is ``os.wait4``'s for that child alone). Per seed:
 the paired accuracy gain RL − warm start over test tasks (points, SE = sd(dᵢ)/√n), the cut
-in tool calls per solved task (overall and per tier), the share of trained trajectories
-whose action tokens span ≥ 2 policy versions, the same gain on the second world, wall time
-and peak RSS. Across seeds: the mean and a 95 % t-interval.
+in tool calls per solved task (overall and per tier), per tier where the warm start's and
+the RL policy's failures happened (``warmstart_failure_modes`` / ``rl_failure_modes``,
+:mod:`provrl.rollout.failures`), the share of trained trajectories whose action tokens span
+≥ 2 policy versions, the same gain on the second world, wall time and peak RSS. Across seeds: the mean and a 95 % t-interval.
 """
 
 from __future__ import annotations
@@ -38,6 +39,7 @@ from provrl.config import load_config
 from provrl.pipeline.stages import paired_difference
 from provrl.pipeline.steplog import read_steps
 from provrl.rollout.agent import repeat_count
+from provrl.rollout.failures import failure_table
 from provrl.run_config.run import RunConfig
 from provrl.trajlog import read_all
 
@@ -149,7 +151,9 @@ REFRESH_S = 10.0
 def _eval_summary(eval_dir: Path) -> dict[str, Any]:
     """Per-task accuracy and per-tier accuracy / tool calls of solved episodes of one eval
     (their histogram, the share that repeated a call, and the calls made after a result had
-    shown the answer, :func:`provrl.rollout.agent.calls_after_answer`)."""
+    shown the answer, :func:`provrl.rollout.agent.calls_after_answer`), and where the
+    failures happened (:func:`provrl.rollout.failures.failure_table`; ``{}`` for logs from
+    before the hop metrics)."""
     trajs = read_all(eval_dir / "trajectories.jsonl")
     by_task: dict[str, list[float]] = {}
     tier_of: dict[str, int] = {}
@@ -182,6 +186,9 @@ def _eval_summary(eval_dir: Path) -> dict[str, Any]:
                 "repeat_share_solved": float(np.mean(repeats[k])) if k in repeats else math.nan,
                 "calls_after_answer_solved": float(np.mean(after[k])) if k in after else None,
                 "tasks": sum(tier_of[t] == k for t in acc),
+                "failure_modes": failure_table(
+                    x.metrics for x in trajs if int(x.metrics.get("tier", 0)) == k
+                ),
             }
             for k in tiers
         },
@@ -226,6 +233,8 @@ def compare(warm: dict[str, Any], rl: dict[str, Any]) -> dict[str, Any]:
             "rl_repeat_share_solved": r.get("repeat_share_solved", math.nan),
             "warmstart_calls_after_answer_solved": w.get("calls_after_answer_solved"),
             "rl_calls_after_answer_solved": r.get("calls_after_answer_solved"),
+            "warmstart_failure_modes": w.get("failure_modes", {}),
+            "rl_failure_modes": r.get("failure_modes", {}),
             "tasks": w["tasks"],
         }
     return {

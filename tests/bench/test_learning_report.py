@@ -151,6 +151,24 @@ def test_an_eval_summary_gives_the_calls_made_after_the_answer_per_tier(tmp_path
     assert tiers["1"]["calls_after_answer_solved"] == pytest.approx(0.5)  # the failure is out
     assert tiers["2"]["calls_after_answer_solved"] is None
     json.dumps(tiers, allow_nan=False)
+    # logs from before the hop metrics have no failure table
+    assert tiers["1"]["failure_modes"] == tiers["2"]["failure_modes"] == {}
+
+
+def test_an_eval_summary_says_where_each_tier_failed(tmp_path):
+    from provrl.bench.learning import _eval_summary
+    from provrl.trajlog import TrajectoryWriter
+
+    hop = {"answered": 1, "num_tool_calls": 2, "hops": 2}
+    rows = [(1, 1, 0), (2, 0, 1), (2, 0, 2), (2, 1, 2)]  # (tier, exact_match, hops found)
+    with TrajectoryWriter(tmp_path / "trajectories.jsonl") as w:
+        for i, (tier, em, found) in enumerate(rows):
+            m = {**hop, "hops_found": found, "calls_after_hop": 0}
+            w.write(_traj(f"t{i}", f"task{i}", tier=tier, exact_match=em, **m))
+    tiers = _eval_summary(tmp_path)["per_tier"]
+    assert tiers["1"]["failure_modes"]["samples"] == 1
+    t2 = tiers["2"]["failure_modes"]
+    assert t2["samples"] == 3 and t2["stopped_after_partial"] == t2["answer_shown"] == 1 / 3
 
 
 def test_a_resumed_benchmark_keeps_its_second_world(tmp_path):
