@@ -263,6 +263,10 @@ def failures_cmd(
     out: Annotated[
         Path | None, typer.Option(help="Also write the table here, as a results file.")
     ] = None,
+    names: Annotated[
+        str | None,
+        typer.Option(help="Comma-separated names of the columns (default: the directories)."),
+    ] = None,
     as_json: JsonOpt = False,
 ) -> None:
     """Where the episodes of evaluations fail, per tier, read against each task's oracle plan:
@@ -272,11 +276,16 @@ def failures_cmd(
     from provrl.rollout.evaluate import summarize_run
     from provrl.rollout.failures import MODES
 
+    labels = names.split(",") if names else [str(d) for d in runs]
+    if len(labels) != len(runs):
+        raise typer.BadParameter(
+            f"{len(labels)} names for {len(runs)} directories", param_hint="--names"
+        )
     table: dict[str, Any] = {}
-    for d in runs:
+    for d, label in zip(runs, labels, strict=True):
         s = summarize_run(d, tokenizer)
         blocks = {"all": s, **s.get("per_tier", {})}
-        table[str(d)] = {
+        table[label] = {
             tier: {"accuracy": b["accuracy"], **b["failure_modes"]}
             for tier, b in blocks.items()
             if b.get("failure_modes")
@@ -297,15 +306,15 @@ def failures_cmd(
         if not tiers:
             typer.echo("  no task with an oracle plan: nothing to read the failures against")
             continue
-        names = list(tiers)
+        cols = list(tiers)
         typer.echo(
             "  "
             + f"{'share of samples':<24}"
-            + "".join(f"{'tier ' + t if t != 'all' else 'all':>10}" for t in names)
+            + "".join(f"{'tier ' + t if t != 'all' else 'all':>10}" for t in cols)
         )
         for key in ("samples", "accuracy", *MODES):
             cells = []
-            for t in names:
+            for t in cols:
                 v = tiers[t][key]
                 cells.append(f"{v:>10d}" if key == "samples" else f"{v:>10.3f}")
             typer.echo("  " + f"{key:<24}" + "".join(cells))

@@ -100,6 +100,8 @@ def test_logs_without_hop_metrics_get_them_from_their_observations(small_world, 
     assert r.exit_code == 0, r.output
     table = json.loads(r.output)[str(tmp_path)]
     assert table["all"]["samples"] == 12 and table["all"]["accuracy"] == 1.0
+    r = CliRunner().invoke(app, ["failures", str(tmp_path), "--names", "oracle", "--json"])
+    assert list(json.loads(r.output)) == ["oracle"]
     rec = json.loads(out.read_text())
     assert rec["modes"] == list(MODES) and rec["benchmark"] == "failures" and "commit" in rec
 
