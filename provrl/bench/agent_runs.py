@@ -265,6 +265,22 @@ def calibrate_time_scale(
     return piece
 
 
+def resolve_time_scale(
+    given: float | str | None,
+    shared: SharedStart,
+    preset: str,
+    sets: Sequence[str],
+    d: Path,
+    kept: Kept,
+) -> tuple[float | None, dict[str, Any] | None]:
+    """``--time-scale`` as the RL runs use it: ``(N, calibration)`` — ``auto`` calibrated (and
+    kept) by :func:`calibrate_time_scale` in ``d``, a number (or None) as given, uncalibrated."""
+    if given != "auto":
+        return (float(given) if given is not None else None), None
+    calibration = calibrate_time_scale(shared, preset, sets, d, kept)
+    return float(calibration["value"]), calibration
+
+
 def evaluate_policy(
     policy: str,
     world_dir: Path,

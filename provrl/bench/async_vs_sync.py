@@ -69,16 +69,16 @@ from typing import Any
 from provrl.bench.agent_runs import (
     Measured,
     SharedStart,
-    calibrate_time_scale,
     episode_inputs,
     evaluate_policy,
     kept_shared_start,
+    resolve_time_scale,
     rl_from_shared,
 )
 from provrl.bench.results import write_script_result
 from provrl.bench.sim_check import check_against_simulator
 from provrl.bench.stats import equivalence_report
-from provrl.bench.time_scale import DEPLOYMENT, parse_time_scale, slowdown
+from provrl.bench.time_scale import parse_time_scale, time_scale_record
 from provrl.config import load_config
 from provrl.run_config.run import RunConfig
 
@@ -149,28 +149,6 @@ def latency_sets(
     if time_scale is not None:
         sets.append(f"env.search.latency.time_scale={time_scale}")
     return [*sets, f"env.search.latency.seed={seed}"]
-
-
-def time_scale_record(
-    given: float | str | None,
-    value: float | None,
-    calibration: dict[str, Any] | None,
-    measured: dict[str, dict[str, Any]],
-) -> dict[str, Any]:
-    """The JSON's ``time_scale``: the flag as given, the N the RL runs used, the calibration
-    (``auto``), the deployment compared with and each mode's realised slowdown (its runs'
-    engine seconds per step over the deployment's time per output token,
-    :mod:`provrl.bench.time_scale`)."""
-    return {
-        "given": given,
-        "value": value,
-        "calibration": calibration,
-        "deployment": DEPLOYMENT,
-        "realised_slowdown": {
-            m: round(slowdown(x["engine_step_s"]), 2) if x.get("engine_step_s") else None
-            for m, x in measured.items()
-        },
-    }
 
 
 def run_inputs(m: Measured, log: Path) -> dict[str, Any]:
@@ -261,12 +239,9 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
                                      reuse=args.shared is not None, keep=args.keep,
                                      settings={k: getattr(args, k) for k in SETTINGS})  # fmt: skip
     cfg0, world, start = shared.cfg, shared.world, shared.start
-    scale, calibration = args.time_scale, None
-    if scale == "auto":  # kept, so every session's runs use the same N
-        lat0 = latency_sets(args.latency_preset, args.latency, args.median_latency, 0)
-        calibration = calibrate_time_scale(shared, args.preset, [*sets, *lat0],
-                                           args.out / "time-scale", kept)  # fmt: skip
-        scale = calibration["value"]
+    lat0 = latency_sets(args.latency_preset, args.latency, args.median_latency, 0)
+    scale, calibration = resolve_time_scale(args.time_scale, shared, args.preset, [*sets, *lat0],
+                                            args.out / "time-scale", kept)  # fmt: skip
     curve0 = None
     if args.curve_every:
         curve0 = kept.get("curve-v0")

@@ -14,7 +14,8 @@ the paired accuracy gain RL − warm start over test tasks (points, SE = sd(dᵢ
 in tool calls per solved task (overall and per tier), per tier where the warm start's and
 the RL policy's failures happened (``warmstart_failure_modes`` / ``rl_failure_modes``,
 :mod:`provrl.rollout.failures`), the share of trained trajectories whose action tokens span
-≥ 2 policy versions, the same gain on the second world, wall time and peak RSS. Across seeds: the mean and a 95 % t-interval.
+≥ 2 policy versions, the same gain on the second world, wall time and peak RSS. Across
+seeds: the mean and a 95 % t-interval.
 """
 
 from __future__ import annotations

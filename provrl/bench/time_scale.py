@@ -84,3 +84,26 @@ def parse_time_scale(text: str) -> float | str:
     if not value > 0:  # also NaN
         raise argparse.ArgumentTypeError(f"must be > 0, got {text}")
     return value
+
+
+def time_scale_record(
+    given: float | str | None,
+    value: float | None,
+    calibration: Mapping[str, Any] | None,
+    measured: Mapping[str, Mapping[str, Any]] | None = None,
+) -> dict[str, Any]:
+    """A benchmark JSON's ``time_scale``: the flag as given, the N its RL runs used, the
+    calibration (``auto``) and the deployment compared with; with ``measured`` (mode → the
+    simulator inputs holding its runs' ``engine_step_s``), each mode's realised slowdown."""
+    record: dict[str, Any] = {
+        "given": given,
+        "value": value,
+        "calibration": calibration,
+        "deployment": DEPLOYMENT,
+    }
+    if measured is not None:
+        record["realised_slowdown"] = {
+            m: round(slowdown(x["engine_step_s"]), 2) if x.get("engine_step_s") else None
+            for m, x in measured.items()
+        }
+    return record

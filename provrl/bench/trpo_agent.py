@@ -51,14 +51,14 @@ import numpy as np
 
 from provrl.bench.agent_runs import (
     SharedStart,
-    calibrate_time_scale,
     evaluate_policy,
     kept_shared_start,
+    resolve_time_scale,
     rl_from_shared,
 )
 from provrl.bench.async_vs_sync import latency_sets
 from provrl.bench.results import write_script_result
-from provrl.bench.time_scale import DEPLOYMENT, parse_time_scale
+from provrl.bench.time_scale import parse_time_scale, time_scale_record
 
 OPTIMIZERS = {"trpo": "trpo", "grpo": "adamw"}
 """Benchmark name → ``rl.optimizer``."""
@@ -177,12 +177,9 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     shared, kept = kept_shared_start(args.preset, sets, args.shared or args.out / "shared",
                                      reuse=args.shared is not None, keep=args.keep,
                                      settings={k: getattr(args, k) for k in SETTINGS})  # fmt: skip
-    scale, calibration = args.time_scale, None
-    if scale == "auto":  # kept, so every session's runs use the same N
-        calibration = calibrate_time_scale(
-            shared, args.preset, [*sets, *latency_sets(args.latency_preset, None, None, 0)],
-            args.out / "time-scale", kept)  # fmt: skip
-        scale = calibration["value"]
+    lat0 = latency_sets(args.latency_preset, None, None, 0)
+    scale, calibration = resolve_time_scale(args.time_scale, shared, args.preset, [*sets, *lat0],
+                                            args.out / "time-scale", kept)  # fmt: skip
     n, k = args.fresh_tasks, args.fresh_k
     ev0 = kept.get("fresh-v0")
     if ev0 is None:
@@ -215,12 +212,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         },
         "latency_preset": args.latency_preset,
         "configs": configs,
-        "time_scale": {
-            "given": args.time_scale,
-            "value": scale,
-            "calibration": calibration,
-            "deployment": DEPLOYMENT,
-        },
+        "time_scale": time_scale_record(args.time_scale, scale, calibration),
         "kept": kept.summary(),
     }
     if args.plot is not None:

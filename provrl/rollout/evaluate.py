@@ -138,9 +138,11 @@ def summarize_run(run_dir: str | os.PathLike[str], tokenizer: str | None = None)
     if any(t.oracle for t in tasks) and any("hops" not in t.metrics for t in trajs):
         from provrl.models.loading import load_tokenizer
 
-        tok = load_tokenizer(tokenizer or ("smollm2-135m" if old["policy"] == "oracle" else old["policy"]))  # fmt: skip
-        backfill_hop_metrics(trajs, {t.task_id: t for t in tasks},
-                             lambda ids: tok.decode(ids, skip_special_tokens=True))  # fmt: skip
+        # an oracle's traces were tokenized for SmolLM2 unless the eval said otherwise
+        policy = "smollm2-135m" if old["policy"] == "oracle" else old["policy"]
+        tok = load_tokenizer(tokenizer or policy)
+        by_id = {t.task_id: t for t in tasks}
+        backfill_hop_metrics(trajs, by_id, lambda ids: tok.decode(ids, skip_special_tokens=True))
     if old["policy"] == "oracle":
         trajs = [t for t in trajs for _ in range(old["k"])]
     keep = {k: v for k, v in old.items() if k not in ("per_tier",) and not k.startswith("pass@")}

@@ -25,7 +25,7 @@ A task without an oracle plan (a user's QA file) has no hops: its episodes get n
 
 Episodes record ``hops`` (H), ``hops_found`` and ``calls_after_hop`` in their metrics as they
 run (:mod:`provrl.rollout.agent`); :func:`backfill_hop_metrics` adds them to episodes logged
-before they existed, from their observation segments (``provrl eval --summarize``).
+before they existed, from their observation segments (``provrl failures``).
 """
 
 from __future__ import annotations
@@ -58,10 +58,10 @@ def hops_found(
     targets = [[r] for r in reveals[:-1]] + [answers] if reveals else []
     first_seen: list[int] = []
     for target in targets:
-        where = [i for i, text in enumerate(results) if text and contains_answer(text, target)]
-        if not where:
+        seen = next((i for i, text in enumerate(results) if text and contains_answer(text, target)), None)  # fmt: skip
+        if seen is None:
             break
-        first_seen.append(where[0])
+        first_seen.append(seen)
     if not first_seen:
         return 0, 0
     return len(first_seen), len(results) - first_seen[-1] - 1
